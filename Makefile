@@ -1,0 +1,9 @@
+.PHONY: setup run test test-fast
+setup:
+	bash scripts/setup.sh
+run:
+	bash scripts/run.sh
+test:
+	bash scripts/test.sh
+test-fast:
+	.venv/bin/python -m pytest -q -m "not slow"

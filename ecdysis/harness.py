@@ -1,0 +1,134 @@
+"""The harness: a small folder of text files (harness.toml, prompt templates, harness.py) stored
+content-addressed with a parent link, so every change is a diff and every version runs alone."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import tomllib
+from pathlib import Path
+
+from ecdysis.errors import InputError, NotFound
+from ecdysis.store import HarnessVersion, Store
+
+STARTER_DIR = Path(__file__).resolve().parent / "starter_harness"
+MAX_FILE_BYTES = 256 * 1024
+MAX_FILES = 64
+TEXT_SUFFIXES = {".toml", ".md", ".py", ".txt", ".json", ".jsonl", ".yaml", ".yml"}
+
+
+def harness_id(files: dict[str, str]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def check_name(name: str) -> str:
+    """A harness file name is a relative POSIX path inside the folder, with a text suffix."""
+    path = Path(name)
+    if path.is_absolute() or ".." in path.parts or name.startswith(("/", "\\")) or "\\" in name:
+        raise InputError(f"file name {name!r} leaves the harness folder")
+    if path.suffix not in TEXT_SUFFIXES:
+        raise InputError(f"file {name!r} is not a harness text file ({', '.join(sorted(TEXT_SUFFIXES))})")
+    return path.as_posix()
+
+
+def validate_files(files: dict[str, str], *, origin: str = "harness") -> None:
+    """harness.toml parses, its entry file exists and compiles. Raises InputError naming the file."""
+    if len(files) > MAX_FILES:
+        raise InputError(f"{len(files)} files; a harness has at most {MAX_FILES}", path=origin)
+    for name, text in files.items():
+        check_name(name)
+        if len(text.encode()) > MAX_FILE_BYTES:
+            raise InputError(f"larger than {MAX_FILE_BYTES} bytes", path=f"{origin}/{name}")
+    if "harness.toml" not in files:
+        raise InputError("harness.toml is missing", path=origin)
+    try:
+        config = tomllib.loads(files["harness.toml"])
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(str(exc), path=f"{origin}/harness.toml") from exc
+    entry = str(config.get("harness", {}).get("entry", "harness.py:solve"))
+    entry_file = entry.partition(":")[0]
+    if entry_file not in files:
+        raise InputError(f"entry file {entry_file!r} is missing", path=f"{origin}/harness.toml")
+    for name, text in files.items():
+        if name.endswith(".py"):
+            try:
+                compile(text, name, "exec")
+            except SyntaxError as exc:
+                raise InputError(f"syntax error: {exc.msg}", path=f"{origin}/{name}", line=exc.lineno) from exc
+
+
+def read_dir(folder: Path) -> dict[str, str]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError("not a harness folder", path=str(folder))
+    files: dict[str, str] = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink():
+            raise InputError("links are not allowed in a harness", path=str(path))
+        if not path.is_file() or "__pycache__" in path.parts or path.suffix not in TEXT_SUFFIXES:
+            continue
+        try:
+            files[check_name(path.relative_to(folder).as_posix())] = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError("not UTF-8 text", path=str(path)) from exc
+    validate_files(files, origin=str(folder))
+    return files
+
+
+def write_dir(files: dict[str, str], folder: Path) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        target = folder / check_name(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    return folder
+
+
+def starter_files() -> dict[str, str]:
+    return read_dir(STARTER_DIR)
+
+
+def new_version(files: dict[str, str], *, parent: str | None, note: str = "",
+                status: str = "candidate") -> HarnessVersion:
+    validate_files(files)
+    return HarnessVersion(id=harness_id(files), files=dict(files), parent=parent, note=note,
+                          created_at=time.time(), status=status)
+
+
+def ensure_starter(store: Store) -> HarnessVersion:
+    version = new_version(starter_files(), parent=None, note="starter harness", status="starter")
+    existing = store.get_harness(version.id)
+    return existing or store.put_harness(version)
+
+
+def resolve(store: Store, ref: str | None) -> HarnessVersion:
+    """A version id (or unique prefix), `starter`, or a harness folder on disk (stored on use)."""
+    if ref in (None, "", "starter"):
+        return ensure_starter(store)
+    assert ref is not None
+    path = Path(ref)
+    if path.is_dir():
+        files = read_dir(path)
+        version = new_version(files, parent=None, note=f"from folder {path.name}", status="imported")
+        return store.get_harness(version.id) or store.put_harness(version)
+    if path.suffix == ".zip" and path.exists():
+        from ecdysis.export import import_zip  # export/import lives with the zip format
+        return import_zip(store, path)
+    exact = store.get_harness(ref)
+    if exact:
+        return exact
+    matches = [v for v in store.list_harnesses() if v.id.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise NotFound(f"harness version prefix {ref!r} is ambiguous",
+                       hint="give more characters: " + ", ".join(v.id for v in matches[:5]))
+    raise NotFound(f"no harness version {ref!r}", hint="`ecdysis harnesses` lists them; or give a folder")
+
+
+def params(files: dict[str, str]) -> dict[str, object]:
+    return dict(tomllib.loads(files.get("harness.toml", "")).get("params", {}))

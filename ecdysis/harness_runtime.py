@@ -1,0 +1,265 @@
+"""The runtime that harness code runs in: standard library only, no engine imports.
+
+Two modes. `--serve` (the engine's sandbox): tasks arrive as JSON lines on stdin, model calls go
+back to the engine over the same pipe, so the harness never holds a key or a database handle.
+Standalone (an exported zip): `python run.py tasks.jsonl --base-url URL --model NAME` calls an
+OpenAI-compatible server directly and prints one JSON answer per line.
+
+A harness is a folder with `harness.toml`, prompt templates and `harness.py`, whose entry point is
+
+    def solve(task: dict, model: Model, harness: Harness) -> str | dict
+
+`task` has `input`, `choices` (list or None), `category`, `fields`; never the target or the id.
+`model.generate(messages, temperature=, max_tokens=, stop=, seed=)` returns a `Reply` with
+`.text`, `.finish_reason` ("stop" or "length") and token counts. Return the final answer as a
+string, or a dict with an "answer" key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+import tomllib
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_SECTION = re.compile(r"\{\{#\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}(.*?)\{\{/\s*\1\s*\}\}", re.S)
+
+
+def render(template: str, variables: dict[str, Any]) -> str:
+    """`{{name}}` inserts a variable; `{{#name}}...{{/name}}` keeps its body only if name is truthy."""
+
+    def section(m: re.Match[str]) -> str:
+        return m.group(2) if variables.get(m.group(1)) else ""
+
+    def var(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in variables:
+            raise KeyError(f"template variable {{{{{name}}}}} is not defined; "
+                           f"known: {', '.join(sorted(variables))}")
+        value = variables[name]
+        return "" if value is None else str(value)
+
+    return _VAR.sub(var, _SECTION.sub(section, template))
+
+
+class ModelCallError(RuntimeError):
+    """The engine could not get a completion (after its retries)."""
+
+
+@dataclass
+class Reply:
+    text: str
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Harness:
+    """What `solve` receives as its third argument: the harness's own files and parameters."""
+
+    def __init__(self, folder: Path) -> None:
+        self.dir = Path(folder)
+        config_path = self.dir / "harness.toml"
+        self.config: dict[str, Any] = tomllib.loads(config_path.read_text()) if config_path.exists() else {}
+        self.params: dict[str, Any] = dict(self.config.get("params", {}))
+
+    def read(self, name: str) -> str:
+        path = (self.dir / name).resolve()
+        if self.dir.resolve() not in path.parents and path != self.dir.resolve():
+            raise ValueError(f"{name!r} is outside the harness folder")
+        return path.read_text() if path.exists() else ""
+
+    def render(self, name: str, **variables: Any) -> str:
+        return render(self.read(name), variables)
+
+    def task_variables(self, task: dict[str, Any]) -> dict[str, Any]:
+        """The variables templates can use: the task's fields plus `choices_text` (A. ..., B. ...)."""
+        choices = task.get("choices") or []
+        letters = [chr(ord("A") + i) for i in range(len(choices))]
+        variables = dict(task.get("fields") or {})
+        variables.update(input=task.get("input", ""), category=task.get("category", ""),
+                         choices=choices, letters=", ".join(letters),
+                         choices_text="\n".join(f"{l}. {c}" for l, c in zip(letters, choices)))
+        return variables
+
+
+def load_solve(folder: Path) -> Callable[..., Any]:
+    harness = Harness(folder)
+    entry = str(harness.config.get("harness", {}).get("entry", "harness.py:solve"))
+    file_name, _, func_name = entry.partition(":")
+    spec = importlib.util.spec_from_file_location("harness_module", Path(folder) / file_name)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {file_name}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["harness_module"] = module
+    spec.loader.exec_module(module)
+    solve = getattr(module, func_name or "solve", None)
+    if not callable(solve):
+        raise ImportError(f"{file_name} has no callable {func_name or 'solve'}")
+    return solve
+
+
+def normalize_answer(value: Any) -> str:
+    if isinstance(value, dict):
+        value = value.get("answer", "")
+    if value is None:
+        return ""
+    if not isinstance(value, (str, int, float, bool)):
+        raise TypeError(f"solve() returned {type(value).__name__}; return a string or a dict with 'answer'")
+    return str(value)
+
+
+# ---------------------------------------------------------------- sandbox mode
+
+class _PipeModel:
+    """Model proxy: each call is one request/response on the engine pipe."""
+
+    def __init__(self, rpc_in: Any, rpc_out: Any) -> None:
+        self._in = rpc_in
+        self._out = rpc_out
+
+    def generate(self, messages: list[dict[str, str]], *, temperature: float = 0.0,
+                 max_tokens: int = 256, stop: list[str] | None = None, seed: int = 0) -> Reply:
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        _send(self._out, {"op": "generate", "request": {
+            "messages": [{"role": str(m.get("role", "user")), "content": str(m.get("content", ""))}
+                         for m in messages],
+            "temperature": float(temperature), "max_tokens": int(max_tokens),
+            "stop": list(stop or []), "seed": int(seed)}})
+        line = self._in.readline()
+        if not line:
+            raise ModelCallError("engine closed the pipe")
+        reply = json.loads(line)
+        if reply.get("op") == "model_error":
+            raise ModelCallError(reply.get("message", "model call failed"))
+        return Reply(text=reply.get("text", ""), finish_reason=reply.get("finish_reason", "stop"),
+                     prompt_tokens=reply.get("prompt_tokens", 0),
+                     completion_tokens=reply.get("completion_tokens", 0))
+
+
+def _send(out: Any, obj: dict[str, Any]) -> None:
+    out.write(json.dumps(obj) + "\n")
+    out.flush()
+
+
+def apply_limits(memory_mb: int, file_mb: int, cpu_s: int) -> None:
+    """Soft and hard limits for this process, set before any harness code is loaded."""
+    import resource
+    for limit, value in ((resource.RLIMIT_AS, memory_mb * 1024 * 1024),
+                         (resource.RLIMIT_FSIZE, file_mb * 1024 * 1024),
+                         (resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_CORE, 0)):
+        if value > 0:
+            try:
+                resource.setrlimit(limit, (value, value))
+            except (ValueError, OSError):
+                pass
+
+
+def serve(folder: Path) -> int:
+    # The RPC channel is a private copy of stdout; fd 1 then points at stderr, so whatever the
+    # harness prints can never corrupt the protocol.
+    rpc_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    rpc_in = sys.stdin
+    try:
+        solve = load_solve(folder)
+        harness = Harness(folder)
+    except BaseException as exc:  # a harness that does not load fails every instance, cleanly
+        _send(rpc_out, {"op": "ready", "ok": False, "type": type(exc).__name__,
+                        "message": str(exc)[:2000], "traceback": traceback.format_exc()[-4000:]})
+        return 1
+    _send(rpc_out, {"op": "ready", "ok": True})
+    model = _PipeModel(rpc_in, rpc_out)
+    for line in rpc_in:
+        msg = json.loads(line)
+        if msg.get("op") != "solve":
+            continue
+        try:
+            answer = normalize_answer(solve(msg["task"], model, harness))
+            _send(rpc_out, {"op": "result", "answer": answer})
+        except MemoryError as exc:
+            _send(rpc_out, {"op": "error", "type": "MemoryError", "message": str(exc)[:2000],
+                            "traceback": ""})
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit from harness code is that instance's failure
+            _send(rpc_out, {"op": "error", "type": type(exc).__name__, "message": str(exc)[:2000],
+                            "traceback": traceback.format_exc()[-4000:]})
+    return 0
+
+
+# ---------------------------------------------------------------- standalone mode
+
+class _HttpModel:
+    """OpenAI-compatible chat completions over urllib, for running an exported harness alone."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+
+    def generate(self, messages: list[dict[str, str]], *, temperature: float = 0.0,
+                 max_tokens: int = 256, stop: list[str] | None = None, seed: int = 0) -> Reply:
+        import urllib.request
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": temperature,
+                                "max_tokens": max_tokens, "seed": seed}
+        if stop:
+            body["stop"] = stop
+        req = urllib.request.Request(f"{self.base_url}/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {self.api_key or 'none'}"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            data = json.loads(resp.read())
+        choice = data["choices"][0]
+        usage = data.get("usage") or {}
+        return Reply(text=choice["message"].get("content") or "",
+                     finish_reason=choice.get("finish_reason") or "stop",
+                     prompt_tokens=usage.get("prompt_tokens", 0),
+                     completion_tokens=usage.get("completion_tokens", 0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(description="Run a harness on tasks (JSON lines) and print answers.")
+    parser.add_argument("tasks", nargs="?", help="JSONL file of tasks ({'input': ..., 'choices': ...})")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--harness", default=str(Path(__file__).resolve().parent / "harness"),
+                        help="harness folder (default: ./harness beside this file)")
+    parser.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"))
+    parser.add_argument("--model", default=os.environ.get("HARNESS_MODEL", "local"))
+    parser.add_argument("--memory-mb", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--file-mb", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-s", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    folder = Path(args.harness)
+    if args.serve:
+        apply_limits(args.memory_mb, args.file_mb, args.cpu_s)
+        return serve(folder)
+    if not args.tasks:
+        parser.error("give a tasks.jsonl file")
+    solve = load_solve(folder)
+    harness = Harness(folder)
+    model = _HttpModel(args.base_url, args.model, os.environ.get("OPENAI_API_KEY"))
+    with open(args.tasks, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            task = json.loads(line)
+            task.setdefault("choices", None)
+            task.setdefault("category", "")
+            task.setdefault("fields", {})
+            answer = normalize_answer(solve(task, model, harness))
+            print(json.dumps({"input": task.get("input"), "answer": answer}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

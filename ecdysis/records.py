@@ -1,0 +1,191 @@
+"""Typed records that flow through the engine: suite -> runner -> trajectories.
+
+JSON appears only at the edges (store, CLI, sandbox pipe); inside the engine these are dataclasses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Split = Literal["train", "validation", "test"]
+SPLITS: tuple[Split, ...] = ("train", "validation", "test")
+
+# Why an instance failed before scoring; None when the harness returned an answer.
+ErrorType = Literal["exception", "timeout", "memory", "model_error", "bad_output", "crash"]
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One task instance. `target` never reaches harness code; `id` does not either."""
+
+    id: str
+    input: str
+    target: str
+    category: str = "default"
+    choices: tuple[str, ...] | None = None
+    split: Split | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def task_view(self) -> dict[str, Any]:
+        """What the harness sees: no target and no id, so a harness cannot key on either."""
+        return {"input": self.input, "choices": list(self.choices) if self.choices else None,
+                "category": self.category, "fields": dict(self.fields)}
+
+
+@dataclass(frozen=True)
+class ScorerSpec:
+    """How answers are compared with targets: exact | numeric | multiple_choice | regex."""
+
+    kind: str = "exact"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Suite:
+    name: str
+    instances: list[Instance]
+    scorer: ScorerSpec = field(default_factory=ScorerSpec)
+    description: str = ""
+    source: str = "builtin"
+
+    @property
+    def categories(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for inst in self.instances:
+            counts[inst.category] = counts.get(inst.category, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def split(self, name: Split) -> list[Instance]:
+        return [i for i in self.instances if i.split == name]
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """Messages in; the cache key covers everything that can change the text out."""
+
+    messages: tuple[tuple[str, str], ...]
+    temperature: float = 0.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+    @staticmethod
+    def make(messages: list[dict[str, str]], *, temperature: float = 0.0, max_tokens: int = 256,
+             stop: list[str] | tuple[str, ...] | None = None, seed: int = 0) -> "CompletionRequest":
+        return CompletionRequest(
+            messages=tuple((str(m["role"]), str(m["content"])) for m in messages),
+            temperature=float(temperature), max_tokens=int(max_tokens),
+            stop=tuple(stop or ()), seed=int(seed))
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        return [{"role": r, "content": c} for r, c in self.messages]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"messages": self.message_dicts(), "temperature": self.temperature,
+                "max_tokens": self.max_tokens, "stop": list(self.stop), "seed": self.seed}
+
+    def cache_key(self, model_id: str) -> str:
+        blob = json.dumps({"model": model_id, **self.to_json()}, sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class Completion:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    finish_reason: str = "stop"  # "stop" | "length"
+    cache_hit: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ModelCall:
+    """One call the harness made, as the engine saw it (the trajectory is a list of these)."""
+
+    seq: int
+    model: str
+    request: dict[str, Any]
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    finish_reason: str
+    cache_hit: bool
+    error: str | None = None
+
+
+@dataclass
+class InstanceResult:
+    run_id: str
+    instance_id: str
+    category: str
+    model: str
+    answer: str | None
+    target: str
+    correct: bool
+    score: float
+    error_type: ErrorType | None = None
+    error_message: str | None = None
+    stdout_tail: str = ""
+    calls: list[ModelCall] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(c.prompt_tokens for c in self.calls)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.calls)
+
+    @property
+    def raw_output(self) -> str:
+        """The last model text, which is what answer extraction worked on."""
+        return self.calls[-1].text if self.calls else ""
+
+
+RunStatus = Literal["pending", "running", "done", "failed", "cancelled"]
+
+
+@dataclass
+class RunRecord:
+    id: str
+    suite: str
+    model: str
+    harness_version: str
+    split: str
+    instance_ids: list[str]
+    concurrency: int = 1
+    status: RunStatus = "pending"
+    created_at: float = 0.0
+    finished_at: float | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    label: str = ""
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    suite: str
+    model: str
+    harness_version: str
+    n: int
+    accuracy: float
+    accuracy_by_category: dict[str, float]
+    model_calls: int
+    cache_hits: int
+    prompt_tokens: int
+    completion_tokens: int
+    wall_seconds: float
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,87 @@
+"""One `Settings` object read from the environment; `ecdysis settings` shows it (keys masked).
+
+Keys are read here and handed to backends in memory only: they are never stored, logged or
+exported, and the harness sandbox gets a scrubbed environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        from ecdysis.errors import ConfigError
+        raise ConfigError(f"{name}={raw!r} is not a whole number", hint=f"unset {name} or give an integer")
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        from ecdysis.errors import ConfigError
+        raise ConfigError(f"{name}={raw!r} is not a number", hint=f"unset {name} or give a number")
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    database_url: str
+    instance_timeout_s: float
+    instance_memory_mb: int
+    model_timeout_s: float
+    max_retries: int
+    default_model: str
+    openai_base_url: str | None = field(default=None, repr=False)
+    openai_api_key: str | None = field(default=None, repr=False)
+    anthropic_base_url: str | None = field(default=None, repr=False)
+    anthropic_api_key: str | None = field(default=None, repr=False)
+    bigbench_dir: Path | None = None
+    n_threads: int = 2
+
+    @staticmethod
+    def from_env() -> "Settings":
+        home = Path(os.environ.get("ECDYSIS_HOME") or Path.cwd() / "data").expanduser().resolve()
+        db = os.environ.get("ECDYSIS_DATABASE_URL") or f"sqlite:///{home / 'ecdysis.db'}"
+        bb = os.environ.get("ECDYSIS_BIGBENCH_DIR")
+        return Settings(
+            home=home,
+            database_url=db,
+            instance_timeout_s=_env_float("ECDYSIS_INSTANCE_TIMEOUT", 120.0),
+            instance_memory_mb=_env_int("ECDYSIS_INSTANCE_MEMORY_MB", 1024),
+            model_timeout_s=_env_float("ECDYSIS_MODEL_TIMEOUT", 60.0),
+            max_retries=_env_int("ECDYSIS_MAX_RETRIES", 4),
+            default_model=os.environ.get("ECDYSIS_MODEL", "smollm2"),
+            openai_base_url=os.environ.get("OPENAI_BASE_URL"),
+            openai_api_key=os.environ.get("OPENAI_API_KEY"),
+            anthropic_base_url=os.environ.get("ANTHROPIC_BASE_URL"),
+            anthropic_api_key=os.environ.get("ANTHROPIC_API_KEY"),
+            bigbench_dir=Path(bb).expanduser() if bb else None,
+            n_threads=_env_int("ECDYSIS_THREADS", min(4, os.cpu_count() or 2)),
+        )
+
+    def public(self) -> dict[str, str]:
+        """Every setting as text, secrets masked, for `ecdysis settings` and the UI."""
+        out: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("api_key"):
+                value = "set" if value else "not set"
+            elif f.name == "database_url" and "@" in str(value):
+                scheme, rest = str(value).split("://", 1)
+                value = f"{scheme}://***@{rest.split('@', 1)[1]}"
+            out[f.name] = "" if value is None else str(value)
+        return out
+
+
+# Names of environment variables that must never reach harness code.
+SECRET_ENV_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "DATABASE_URL", "CREDENTIAL")

@@ -1,0 +1,43 @@
+"""Starter harness: build the messages from the templates, call the model, extract the answer.
+
+Entry point: solve(task, model, harness) -> str. `task` has input, choices, category, fields
+(never the target). `model.generate(messages, ...)` returns a reply with .text and
+.finish_reason. `harness.params` holds [params] from harness.toml; `harness.render(name, **vars)`
+fills a template.
+"""
+
+from collections import Counter
+
+
+def build_messages(task, harness):
+    variables = harness.task_variables(task)
+    return [
+        {"role": "system", "content": harness.render("system.md", **variables).strip()},
+        {"role": "user", "content": harness.render("user.md", **variables).strip()},
+    ]
+
+
+def extract_answer(text, task):
+    """The first non-empty line of the reply."""
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def solve(task, model, harness):
+    p = harness.params
+    messages = build_messages(task, harness)
+    answers = []
+    for sample in range(max(1, int(p.get("samples", 1)))):
+        for attempt in range(1 + int(p.get("retries", 0))):
+            reply = model.generate(messages, temperature=float(p.get("temperature", 0.0)),
+                                   max_tokens=int(p.get("max_tokens", 96)),
+                                   stop=list(p.get("stop", [])), seed=sample * 100 + attempt)
+            answer = extract_answer(reply.text, task)
+            if answer:
+                answers.append(answer)
+                break
+    if not answers:
+        return ""
+    return Counter(answers).most_common(1)[0][0]

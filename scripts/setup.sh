@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Sets up everything Ecdysis needs in ./.venv, idempotently: a second call takes seconds.
+#   scripts/setup.sh            python packages, embedded models, BIG-bench task files
+#   scripts/setup.sh --system   also Debian packages for the tests (chromium, chromium-driver, postgresql)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+want_system=0
+[ "${1:-}" = "--system" ] && want_system=1
+
+if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+  echo "error: Python 3.11 or newer is needed (found $("$PY" --version 2>&1))" >&2; exit 1
+fi
+
+if [ "$want_system" = 1 ]; then
+  missing=()
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing Debian packages: ${missing[*]}"
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  fi
+fi
+
+[ -x .venv/bin/python ] || { echo "== creating .venv"; "$PY" -m venv .venv; }
+stamp=.venv/.ecdysis-setup
+digest=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ] && .venv/bin/python -c 'import llama_cpp, ecdysis' 2>/dev/null; then
+  echo "== python packages up to date"
+else
+  echo "== installing python packages (the first time builds llama-cpp-python: about 4 minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip wheel
+  # llama.cpp's AMX kernels segfault at the first decode on these machines: build without them.
+  export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+  .venv/bin/python -m pip install -q -e '.[dev,gemma,server]'
+  echo "$digest" > "$stamp"
+fi
+
+.venv/bin/python scripts/fetch_bigbench.py
+echo "== set-up done"
