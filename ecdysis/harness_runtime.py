@@ -145,7 +145,19 @@ class _PipeModel:
                      completion_tokens=reply.get("completion_tokens", 0))
 
 
+OUTPUT_MARK = "\x00ecdysis-end\x00"
+
+
 def _send(out: Any, obj: dict[str, Any]) -> None:
+    if obj.get("op") in ("result", "error"):
+        # Everything the harness printed reaches stderr before the engine reads the result, and
+        # the mark tells the engine it has all of it.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os.write(2, OUTPUT_MARK.encode())
     out.write(json.dumps(obj) + "\n")
     out.flush()
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ecdysis.harness import write_dir
+from ecdysis.harness_runtime import OUTPUT_MARK
 
 RUNTIME = Path(__file__).resolve().parent / "harness_runtime.py"
 
@@ -78,9 +79,17 @@ class _Tail:
                 while self._size > self._limit and len(self._buf) > 1:
                     self._size -= len(self._buf.popleft())
 
-    def take(self) -> str:
+    def take(self, *, settle_s: float = 0.0) -> str:
+        """The kept output; with `settle_s`, first wait (that long at most) for the runtime's
+        end-of-output mark, which it writes after flushing, so no printed line is missed."""
+        deadline = time.monotonic() + settle_s
+        while settle_s and time.monotonic() < deadline:
+            with self._lock:
+                if self._buf and OUTPUT_MARK in self._buf[-1][-len(OUTPUT_MARK) - 1:]:
+                    break
+            time.sleep(0.002)
         with self._lock:
-            text = "".join(self._buf)[-self._limit:]
+            text = "".join(self._buf).replace(OUTPUT_MARK, "")[-self._limit:]
             self._buf.clear()
             self._size = 0
         return text
@@ -170,13 +179,13 @@ class HarnessWorker:
                 if not self._write(reply):
                     return self._died(model_seconds)
             elif op == "result":
-                return SolveOutcome(str(msg.get("answer", "")), output_tail=self._tail.take(),
+                return SolveOutcome(str(msg.get("answer", "")), output_tail=self._tail.take(settle_s=1.0),
                                     model_seconds=model_seconds)
             elif op == "error":
                 kind = "memory" if msg.get("type") == "MemoryError" else (
                     "bad_output" if msg.get("type") == "TypeError" and "solve() returned" in str(msg.get("message")) else "exception")
                 return SolveOutcome(None, kind, f"{msg.get('type')}: {msg.get('message')}",
-                                    output_tail=self._tail.take(), traceback=str(msg.get("traceback", "")),
+                                    output_tail=self._tail.take(settle_s=1.0), traceback=str(msg.get("traceback", "")),
                                     model_seconds=model_seconds)
             else:
                 self.close()

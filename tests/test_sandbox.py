@@ -1,0 +1,141 @@
+"""The sandbox contract: harness code that raises, hangs, exhausts memory, exits, prints
+megabytes or returns junk costs one failed instance with a typed error; the worker is replaced."""
+
+from __future__ import annotations
+
+import pytest
+
+from ecdysis.harness import starter_files
+from ecdysis.sandbox import HarnessWorker, SandboxLimits, WorkerPool
+
+TASK = {"input": "What is 2 + 2?", "choices": None, "category": "arithmetic", "fields": {}}
+FAST = SandboxLimits(timeout_s=3.0, memory_mb=512)
+
+
+def files_with(code: str) -> dict[str, str]:
+    files = starter_files()
+    files["harness.py"] = code
+    return files
+
+
+def echo_model(calls: list[dict]):
+    def on_generate(request: dict) -> dict:
+        calls.append(request)
+        return {"op": "completion", "text": "4\nbecause", "finish_reason": "stop",
+                "prompt_tokens": 5, "completion_tokens": 2}
+    return on_generate
+
+
+def test_starter_harness_calls_model_and_extracts_first_line() -> None:
+    calls: list[dict] = []
+    pool = WorkerPool(starter_files(), FAST)
+    try:
+        out = pool.solve(TASK, echo_model(calls))
+    finally:
+        pool.close()
+    assert out.error_type is None, out.error_message
+    assert out.answer == "4"
+    assert len(calls) == 1
+    assert calls[0]["messages"][0]["role"] == "system"
+    assert "What is 2 + 2?" in calls[0]["messages"][1]["content"]
+
+
+def test_worker_is_reused_across_instances() -> None:
+    code = "import os\ndef solve(task, model, harness):\n    return str(os.getpid())\n"
+    pool = WorkerPool(files_with(code), FAST)
+    try:
+        pids = {pool.solve(TASK, echo_model([])).answer for _ in range(3)}
+    finally:
+        pool.close()
+    assert len(pids) == 1
+
+
+@pytest.mark.parametrize("code, kind, needle", [
+    ("def solve(task, model, harness):\n    raise ValueError('boom')\n", "exception", "ValueError: boom"),
+    ("def solve(task, model, harness):\n    while True:\n        pass\n", "timeout", "exceeded"),
+    ("def solve(task, model, harness):\n    x = bytearray(2 * 1024 ** 3)\n    return 'no'\n", "memory", "MemoryError"),
+    ("import os\ndef solve(task, model, harness):\n    os._exit(3)\n", "crash", "code 3"),
+    ("def solve(task, model, harness):\n    return object()\n", "bad_output", "solve() returned"),
+    ("import sys\ndef solve(task, model, harness):\n    sys.exit(1)\n", "exception", "SystemExit"),
+])
+def test_hostile_harness_is_one_typed_failure(code: str, kind: str, needle: str) -> None:
+    pool = WorkerPool(files_with(code), FAST)
+    try:
+        out = pool.solve(TASK, echo_model([]))
+        assert out.answer is None
+        assert out.error_type == kind, out
+        assert needle in (out.error_message or ""), out.error_message
+        # the pool recovers: the next instance gets a working (or fresh) worker
+        again = pool.solve(TASK, echo_model([]))
+        assert again.error_type == kind
+    finally:
+        pool.close()
+
+
+def test_megabytes_of_output_are_cut_to_a_tail() -> None:
+    code = "def solve(task, model, harness):\n    print('x' * 5_000_000)\n    print('END')\n    return 'ok'\n"
+    pool = WorkerPool(files_with(code), FAST)
+    try:
+        out = pool.solve(TASK, echo_model([]))
+    finally:
+        pool.close()
+    assert out.answer == "ok"
+    assert out.output_tail.strip().endswith("END")
+    assert len(out.output_tail) <= FAST.output_tail
+
+
+def test_harness_that_fails_to_import_fails_each_instance_quickly() -> None:
+    code = "import module_that_does_not_exist\ndef solve(task, model, harness):\n    return 'x'\n"
+    worker = HarnessWorker(files_with(code), FAST)
+    assert worker.load_error is not None
+    assert "ModuleNotFoundError" in (worker.load_error.error_message or "")
+    pool = WorkerPool(files_with(code), FAST)
+    assert pool.solve(TASK, echo_model([])).error_type == "exception"
+    pool.close()
+
+
+def test_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-value-123")
+    monkeypatch.setenv("ECDYSIS_DATABASE_URL", "postgresql://u:pw@h/db")
+    code = "import os\ndef solve(task, model, harness):\n    return repr(sorted(os.environ.items()))\n"
+    pool = WorkerPool(files_with(code), FAST)
+    try:
+        out = pool.solve(TASK, echo_model([]))
+    finally:
+        pool.close()
+    assert out.answer is not None
+    assert "sk-secret-value-123" not in out.answer
+    assert "postgresql" not in out.answer
+    assert "OPENAI_API_KEY" not in out.answer
+
+
+def test_model_time_does_not_count_against_the_harness_timeout() -> None:
+    import time
+
+    def slow_model(request: dict) -> dict:
+        time.sleep(1.5)
+        return {"op": "completion", "text": "4", "finish_reason": "stop"}
+
+    code = ("def solve(task, model, harness):\n"
+            "    return ''.join(model.generate([{'role': 'user', 'content': 'q'}]).text for _ in range(3))\n")
+    pool = WorkerPool(files_with(code), SandboxLimits(timeout_s=2.0))
+    try:
+        out = pool.solve(TASK, slow_model)
+    finally:
+        pool.close()
+    assert out.error_type is None, out.error_message
+    assert out.answer == "444"
+    assert out.model_seconds >= 4.0
+
+
+def test_model_error_reaches_harness_as_exception() -> None:
+    def failing(request: dict) -> dict:
+        return {"op": "model_error", "message": "rate limited"}
+
+    pool = WorkerPool(starter_files(), FAST)
+    try:
+        out = pool.solve(TASK, failing)
+    finally:
+        pool.close()
+    assert out.error_type == "exception"
+    assert "ModelCallError" in (out.error_message or "") and "rate limited" in (out.error_message or "")
