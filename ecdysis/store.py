@@ -5,7 +5,7 @@ killed mid-batch loses nothing that was reported finished."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ecdysis.records import Completion, InstanceResult, RunRecord, Suite
 
@@ -21,6 +21,86 @@ class HarnessVersion:
     created_at: float = 0.0
     status: str = "candidate"  # candidate | accepted | rolled_back | rejected | imported | starter
     metrics: dict[str, Any] = field(default_factory=dict)
+
+
+JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
+DecisionKind = Literal["approve", "edit", "reject"]
+
+
+@dataclass
+class JobRecord:
+    """Background work (a batch, a diagnosis, an evolution) whose state lives in the store, so a
+    page refresh or a second process sees it and a Stop button works through `cancel_requested`."""
+
+    id: str
+    kind: str
+    params: dict[str, Any] = field(default_factory=dict)
+    status: JobStatus = "queued"
+    done: int = 0
+    total: int = 0
+    message: str = ""
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    cancel_requested: bool = False
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+@dataclass
+class DiagnosisRecord:
+    """One stored `ecdysis diagnose` report (clusters + proposals) over the runs it read."""
+
+    id: str
+    run_ids: list[str]
+    harness_version: str
+    report: dict[str, Any]
+    created_at: float = 0.0
+
+
+@dataclass
+class ProposalRecord:
+    """A proposed harness modification awaiting (or past) the human gate."""
+
+    id: str
+    diagnosis_id: str
+    cluster_id: str
+    harness_version: str          # the version the patch applies to
+    spec: dict[str, Any]
+    files: dict[str, str]         # the full patched files (only those that change)
+    status: str = "pending"       # pending | approved | edited | rejected | applied | superseded
+    data: dict[str, Any] = field(default_factory=dict)  # diffs, transcript, critic verdict
+    created_at: float = 0.0
+
+
+@dataclass
+class DecisionRecord:
+    """Who decided what about a proposal, when, and the files exactly as applied."""
+
+    proposal_id: str
+    decision: DecisionKind
+    who: str
+    reason: str = ""
+    files_as_applied: dict[str, str] | None = None
+    at: float = 0.0
+    id: int | None = None
+
+
+@dataclass
+class EvolutionRecord:
+    """An evolution run: its configuration, a row per finished iteration, and the outcome."""
+
+    id: str
+    strategy: str
+    suite: str
+    models: list[str]
+    config: dict[str, Any]
+    status: str = "running"       # running | waiting | done | failed | stopped
+    base_version: str = ""
+    current_version: str = ""
+    iterations: list[dict[str, Any]] = field(default_factory=list)
+    result: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    updated_at: float = 0.0
 
 
 class Store(Protocol):
@@ -58,3 +138,26 @@ class Store(Protocol):
     def cache_get(self, key: str) -> Completion | None: ...
     def cache_put(self, key: str, model: str, request: dict[str, Any],
                   completion: Completion) -> None: ...
+
+    # background jobs
+    def create_job(self, job: JobRecord) -> None: ...
+    def update_job(self, job_id: str, **changes: Any) -> None: ...
+    def get_job(self, job_id: str) -> JobRecord | None: ...
+    def list_jobs(self, limit: int = 50) -> list[JobRecord]: ...
+
+    # diagnoses, proposals and the human decisions on them
+    def save_diagnosis(self, diagnosis: DiagnosisRecord) -> None: ...
+    def get_diagnosis(self, diagnosis_id: str) -> DiagnosisRecord | None: ...
+    def list_diagnoses(self, limit: int = 50) -> list[DiagnosisRecord]: ...
+    def save_proposal(self, proposal: ProposalRecord) -> None: ...
+    def get_proposal(self, proposal_id: str) -> ProposalRecord | None: ...
+    def list_proposals(self, *, diagnosis_id: str | None = None,
+                       status: str | None = None) -> list[ProposalRecord]: ...
+    def set_proposal_status(self, proposal_id: str, status: str) -> None: ...
+    def save_decision(self, decision: DecisionRecord) -> DecisionRecord: ...
+    def list_decisions(self, proposal_id: str | None = None) -> list[DecisionRecord]: ...
+
+    # evolutions
+    def save_evolution(self, evolution: EvolutionRecord) -> None: ...
+    def get_evolution(self, evolution_id: str) -> EvolutionRecord | None: ...
+    def list_evolutions(self, limit: int = 50) -> list[EvolutionRecord]: ...

@@ -1,0 +1,66 @@
+"""The `ecdysis` command as a user types it: real subprocesses, a data folder in tmp, JSON output
+parsed and checked; errors are one line with a hint, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ecdysis(*args: str, env_extra: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "ecdysis.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_suites_json_lists_builtins_with_sizes_and_categories() -> None:
+    proc = ecdysis("suites", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    by_name = {r["name"]: r for r in rows}
+    assert "reasoning-mix" in by_name
+    mix = by_name["reasoning-mix"]
+    assert mix["size"] == sum(mix["categories"].values())
+    assert len(mix["categories"]) >= 5
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "--suite", "boolean", "--model", "nonsense-model"], "unknown model"),
+    (["run", "--suite", "boolean", "--model", "openai:gpt-4o-mini"], "OPENAI_API_KEY"),
+    (["run", "--suite", "boolean", "--model", "anthropic:claude-x"], "ANTHROPIC_API_KEY"),
+    (["run", "--suite", "not-a-suite", "--model", "smollm2"], "not-a-suite"),
+    (["run", "--resume", "r000000", "--json"], "no run"),
+])
+def test_errors_are_one_clear_line(args: list[str], needle: str) -> None:
+    proc = ecdysis(*args)
+    assert proc.returncode == 2
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 3
+
+
+@pytest.mark.slow
+def test_run_json_on_smollm2_then_cached_rerun() -> None:
+    first = ecdysis("run", "--suite", "reasoning-mix", "--model", "smollm2", "--limit", "5", "--json")
+    assert first.returncode == 0, first.stderr
+    a = json.loads(first.stdout)
+    for key in ("run_id", "suite", "model", "harness_version", "n", "accuracy", "accuracy_by_category",
+                "model_calls", "cache_hits", "prompt_tokens", "completion_tokens", "wall_seconds"):
+        assert key in a
+    assert a["n"] == 5 and a["model"] == "smollm2" and a["completion_tokens"] > 0
+    assert a["cache_hits"] == 0
+    second = ecdysis("run", "--suite", "reasoning-mix", "--model", "smollm2", "--limit", "5", "--json")
+    b = json.loads(second.stdout)
+    assert b["cache_hits"] == b["model_calls"] == a["model_calls"]
+    assert b["accuracy"] == a["accuracy"]
+    assert b["run_id"] != a["run_id"]
+    text = ecdysis("runs")
+    assert a["run_id"] in text.stdout

@@ -1,0 +1,122 @@
+"""Runner on a small real world: a built-in suite, the starter harness, a SQLite store in a temp
+folder and the scripted model for exact expectations."""
+
+from __future__ import annotations
+
+import pytest
+
+from ecdysis.errors import ConfigError, NotFound
+from ecdysis.models.registry import register_backend
+from ecdysis.models.scripted import Rule, ScriptedBackend
+from ecdysis.runner import CallBudget, pick_instances
+from ecdysis.service import RunRequest, Service
+from ecdysis.suites import load_suite
+
+
+def scripted(default: str = "I am not sure.") -> ScriptedBackend:
+    backend = ScriptedBackend([Rule(text="True\nbecause", match="True and True")],
+                              model_id="scripted-test", default=default)
+    register_backend(backend)
+    return backend
+
+
+def test_pick_instances_round_robins_over_categories() -> None:
+    suite = load_suite("reasoning-mix")
+    picked = pick_instances(suite, "train", 10)
+    assert len(picked) == 10
+    assert len({i.category for i in picked}) == len(suite.categories)
+    assert all(i.split == "train" for i in picked)
+
+
+def test_run_stores_every_instance_and_call(store) -> None:
+    scripted()
+    svc = Service(store)
+    summary = svc.run(RunRequest(suite="reasoning-mix", model="scripted-test", limit=15))
+    assert summary.n == 15
+    assert summary.model_calls == 15
+    results = svc.results(summary.run_id)
+    assert len(results) == 15
+    assert all(len(r.calls) == 1 and r.calls[0].text for r in results)
+    assert all(r.answer is not None for r in results)
+    run = svc.get_run(summary.run_id)
+    assert run.status == "done"
+    assert run.summary["accuracy"] == summary.accuracy
+    assert set(summary.accuracy_by_category) == set(load_suite("reasoning-mix").categories)
+
+
+def test_identical_rerun_is_served_from_cache(store) -> None:
+    backend = scripted()
+    svc = Service(store)
+    first = svc.run(RunRequest(suite="boolean", model="scripted-test", limit=6))
+    calls_after_first = len(backend.history)
+    second = svc.run(RunRequest(suite="boolean", model="scripted-test", limit=6))
+    assert first.cache_hits == 0
+    assert second.cache_hits == second.model_calls == 6
+    assert len(backend.history) == calls_after_first  # the backend was not called again
+    assert second.accuracy == first.accuracy
+
+
+def test_resume_runs_only_missing_instances(store) -> None:
+    backend = scripted()
+    svc = Service(store)
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="scripted-test", limit=8, use_cache=False))
+    stop_after = {"n": 0}
+
+    def cancel() -> bool:
+        stop_after["n"] += 1
+        return stop_after["n"] > 3  # three instances submitted, then the "process dies"
+
+    partial = svc.execute_run(run.id, use_cache=False, cancelled=cancel)
+    assert partial.n == 3
+    assert svc.get_run(run.id).status == "cancelled"
+    before = len(backend.history)
+    final = svc.resume(run.id)
+    assert final.n == 8
+    assert len(backend.history) - before == 5  # nothing done twice
+    assert svc.get_run(run.id).status == "done"
+
+
+def test_concurrent_run_gives_the_same_results(store) -> None:
+    scripted()
+    svc = Service(store)
+    serial = svc.run(RunRequest(suite="reasoning-mix", model="scripted-test", limit=12, use_cache=False))
+    parallel = svc.run(RunRequest(suite="reasoning-mix", model="scripted-test", limit=12, concurrency=4,
+                                  use_cache=False))
+    key = lambda rs: sorted((r.instance_id, r.answer, r.correct) for r in rs)  # noqa: E731
+    assert key(svc.results(serial.run_id)) == key(svc.results(parallel.run_id))
+
+
+def test_budget_stops_a_run_cleanly_and_resume_finishes(store) -> None:
+    scripted()
+    svc = Service(store)
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="scripted-test", limit=10, use_cache=False))
+    summary = svc.execute_run(run.id, use_cache=False, budget=CallBudget(max_calls=4))
+    assert summary.n <= 10
+    assert summary.model_calls <= 4 + 1  # in-flight calls may finish, none start after the budget
+    assert svc.get_run(run.id).status == "pending"
+    assert svc.resume(run.id).n == 10
+
+
+def test_harness_errors_are_data_not_exceptions(store, tmp_path) -> None:
+    scripted()
+    from ecdysis.harness import starter_files, write_dir
+    files = starter_files()
+    files["harness.py"] = "def solve(task, model, harness):\n    raise RuntimeError('broken harness')\n"
+    folder = write_dir(files, tmp_path / "broken")
+    svc = Service(store)
+    summary = svc.run(RunRequest(suite="boolean", model="scripted-test", harness=str(folder), limit=4))
+    assert summary.n == 4 and summary.accuracy == 0.0
+    assert summary.errors == {"exception": 4}
+    assert all("broken harness" in (r.error_message or "") for r in svc.results(summary.run_id))
+
+
+def test_unknown_model_and_missing_key_are_clear_errors(store) -> None:
+    svc = Service(store)
+    with pytest.raises(ConfigError) as exc:
+        svc.create_run(RunRequest(suite="boolean", model="gpt-17"))
+    assert exc.value.hint and "openai:NAME" in exc.value.hint
+    with pytest.raises(ConfigError) as exc:
+        svc.create_run(RunRequest(suite="boolean", model="anthropic:claude"))
+    assert "ANTHROPIC_API_KEY" in exc.value.message
+    with pytest.raises(NotFound):
+        svc.create_run(RunRequest(suite="no-such-suite", model="scripted-test"))
