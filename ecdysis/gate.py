@@ -1,0 +1,137 @@
+"""The gates a harness change passes: the human decision on each proposal (approve, edit,
+reject — every decision stored) and the paired acceptance policy that keeps a new version only if
+it beats its parent on the same validation instances by more than the noise."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from ecdysis.errors import InputError, NotFound
+from ecdysis.harness import validate_files
+from ecdysis.store import DecisionKind, DecisionRecord, ProposalRecord, Store
+
+PairKey = tuple[str, str]  # (model, instance_id)
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    accepted: bool
+    reason: str
+    wins: int          # instances the candidate gets right and the parent wrong
+    losses: int        # the reverse: regressions
+    n: int             # paired instances compared
+    parent_accuracy: float
+    candidate_accuracy: float
+    policy: str
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def paired(parent: dict[PairKey, bool], candidate: dict[PairKey, bool]) -> tuple[list[PairKey], int, int]:
+    keys = sorted(set(parent) & set(candidate))
+    wins = sum(1 for k in keys if candidate[k] and not parent[k])
+    losses = sum(1 for k in keys if parent[k] and not candidate[k])
+    return keys, wins, losses
+
+
+class AcceptancePolicy(Protocol):
+    name: str
+
+    def judge(self, parent: dict[PairKey, bool], candidate: dict[PairKey, bool]) -> GateVerdict: ...
+
+
+def _verdict(policy: str, accepted: bool, reason: str, parent: dict[PairKey, bool],
+             candidate: dict[PairKey, bool]) -> GateVerdict:
+    keys, wins, losses = paired(parent, candidate)
+    n = len(keys)
+    return GateVerdict(accepted, reason, wins, losses, n,
+                       round(sum(parent[k] for k in keys) / n, 4) if n else 0.0,
+                       round(sum(candidate[k] for k in keys) / n, 4) if n else 0.0, policy)
+
+
+@dataclass(frozen=True)
+class PairedSignGate:
+    """Accept when net gains (wins - losses) on the same instances reach `min_net` AND exceed
+    `k` standard errors of a no-change sign test (sqrt(wins + losses)), with at most
+    `max_losses_fraction` of the parent's correct instances lost. Small models flip answers from
+    run to run; only a gain larger than those flips is evidence."""
+
+    min_net: int = 2
+    k: float = 1.0
+    max_losses_fraction: float = 0.5
+    name: str = "paired-sign"
+
+    def judge(self, parent: dict[PairKey, bool], candidate: dict[PairKey, bool]) -> GateVerdict:
+        keys, wins, losses = paired(parent, candidate)
+        if not keys:
+            return _verdict(self.name, False, "no paired instances to compare", parent, candidate)
+        net = wins - losses
+        se = math.sqrt(wins + losses)
+        parent_right = sum(parent[k] for k in keys)
+        if parent_right and losses > self.max_losses_fraction * parent_right:
+            return _verdict(self.name, False, f"{losses} regressions exceed the budget of "
+                            f"{self.max_losses_fraction:.0%} of {parent_right} correct", parent, candidate)
+        if net < self.min_net:
+            return _verdict(self.name, False, f"net gain {net:+d} ({wins} won, {losses} lost) is below "
+                            f"the minimum of {self.min_net}", parent, candidate)
+        if net <= self.k * se:
+            return _verdict(self.name, False, f"net gain {net:+d} is within {self.k:g} standard error "
+                            f"({se:.2f}) of no change", parent, candidate)
+        return _verdict(self.name, True, f"net gain {net:+d} ({wins} won, {losses} lost) exceeds "
+                        f"{self.k:g} standard error ({se:.2f})", parent, candidate)
+
+
+@dataclass(frozen=True)
+class AnyImprovementGate:
+    """The naive gate (accept any higher validation accuracy). Kept to show, in benchmarks, what
+    chasing noise does; never the default."""
+
+    name: str = "any-improvement"
+
+    def judge(self, parent: dict[PairKey, bool], candidate: dict[PairKey, bool]) -> GateVerdict:
+        keys, wins, losses = paired(parent, candidate)
+        ok = wins > losses
+        return _verdict(self.name, ok, f"{wins} won, {losses} lost", parent, candidate)
+
+
+POLICIES = {"paired-sign": PairedSignGate, "any-improvement": AnyImprovementGate}
+
+
+def decide(store: Store, proposal_id: str, decision: DecisionKind, *, who: str, reason: str = "",
+           files: dict[str, str] | None = None) -> DecisionRecord:
+    """Record one human (or auto) decision. `edit` needs the edited files, which must still form a
+    loadable harness together with the unchanged ones; `reject` needs a reason."""
+    proposal = store.get_proposal(proposal_id)
+    if proposal is None:
+        raise NotFound(f"no proposal {proposal_id!r}")
+    if proposal.status not in ("pending",):
+        raise InputError(f"proposal {proposal_id} was already decided ({proposal.status})")
+    if decision not in ("approve", "edit", "reject"):
+        raise InputError(f"unknown decision {decision!r}", hint="approve, edit or reject")
+    applied: dict[str, str] | None = None
+    if decision == "reject":
+        if not reason.strip():
+            raise InputError("a rejection needs a reason")
+    elif decision == "edit":
+        if not files:
+            raise InputError("an edit needs the edited files")
+        applied = dict(files)
+        base = store.get_harness(proposal.harness_version)
+        validate_files({**(base.files if base else {}), **applied}, origin=f"edit of {proposal_id}")
+    else:
+        applied = dict(proposal.files)
+    record = DecisionRecord(proposal_id=proposal_id, decision=decision, who=who, reason=reason,
+                            files_as_applied=applied, at=time.time())
+    saved = store.save_decision(record)
+    store.set_proposal_status(proposal_id, {"approve": "approved", "edit": "edited", "reject": "rejected"}[decision])
+    return saved
+
+
+def approved_files(store: Store, proposal: ProposalRecord) -> dict[str, str] | None:
+    """The files to apply for a decided proposal (the edited text for an edit), or None."""
+    decisions = [d for d in store.list_decisions(proposal.id) if d.decision in ("approve", "edit")]
+    return decisions[-1].files_as_applied if decisions else None

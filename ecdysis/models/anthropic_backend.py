@@ -1,0 +1,141 @@
+"""Anthropic's Messages API through the official SDK (or any server that speaks it, via the base
+URL). The registry wraps it in `with_retries`; system messages become the `system` parameter."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import anthropic
+
+from ecdysis.errors import ModelError
+from ecdysis.models.retry import is_retryable_status, parse_retry_after, status_kind
+from ecdysis.records import Completion, CompletionRequest
+
+# A local Anthropic-compatible server may need no key; without one the SDK would go looking for
+# credential profiles on disk, which is not what a caller without a key asked for.
+PLACEHOLDER_KEY = "no-key-needed"
+
+_HINTS: dict[int, str] = {
+    401: "check ANTHROPIC_API_KEY",
+    403: "check that ANTHROPIC_API_KEY may use this model",
+    404: "check the model name (e.g. claude-3-5-haiku-latest) and ANTHROPIC_BASE_URL",
+    429: "lower the run's concurrency or wait for the rate limit to reset",
+    529: "Anthropic is overloaded; retry later",
+}
+
+_FINISH: dict[str, str] = {"max_tokens": "length", "end_turn": "stop", "stop_sequence": "stop"}
+
+
+class AnthropicBackend:
+    """Messages from one Anthropic model.
+
+    The request's temperature and seed are not sent: SDK 2.x has no sampling parameters and the
+    API version it speaks rejects them, so `deterministic` is False. The key goes both as the
+    SDK's Bearer token and as `x-api-key`, the header Anthropic-compatible gateways check."""
+
+    deterministic = False
+
+    def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
+                 timeout_s: float = 60.0, max_concurrency: int = 16) -> None:
+        self.model = model
+        self.model_id = f"anthropic:{model}"
+        self.max_concurrency = max_concurrency
+        key = api_key or PLACEHOLDER_KEY
+        self._secret = api_key or ""
+        self._client = anthropic.Anthropic(api_key=key, base_url=base_url, timeout=timeout_s,
+                                           max_retries=0, default_headers={"x-api-key": key})
+        self.base_url = str(self._client.base_url)
+
+    def __repr__(self) -> str:
+        return f"AnthropicBackend(model={self.model!r}, base_url={self.base_url!r})"
+
+    def complete(self, request: CompletionRequest) -> Completion:
+        start = time.perf_counter()
+        response = self._call(request)
+        return self._completion(response, time.perf_counter() - start)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, request: CompletionRequest) -> Any:
+        system, messages = split_system(request.messages)
+        params: dict[str, Any] = dict(model=self.model, messages=messages,
+                                      max_tokens=request.max_tokens)
+        if system:
+            params["system"] = system
+        if request.stop:
+            params["stop_sequences"] = list(request.stop)
+        # `from None`: the SDK error holds the request headers and raw body, which may carry the key.
+        try:
+            return self._client.messages.create(**params)
+        except anthropic.APIStatusError as exc:
+            raise self._status_error(exc) from None
+        except anthropic.APITimeoutError:
+            raise ModelError(f"{self.model_id}: no answer from {self.base_url} within the timeout",
+                             kind="timeout", retryable=True,
+                             hint="raise ECDYSIS_MODEL_TIMEOUT if the server is just slow") from None
+        except anthropic.APIConnectionError as exc:
+            raise ModelError(f"{self.model_id}: cannot reach {self.base_url}: {self._redact(str(exc))}",
+                             kind="connection", retryable=True,
+                             hint="check ANTHROPIC_BASE_URL and the network") from None
+        except (anthropic.APIResponseValidationError, json.JSONDecodeError) as exc:
+            raise self._bad_response(f"unreadable response body ({type(exc).__name__})") from None
+
+    def _status_error(self, exc: anthropic.APIStatusError) -> ModelError:
+        status = exc.status_code
+        detail = self._redact(_short(exc.api_message or exc.message))
+        return ModelError(f"{self.model_id}: HTTP {status}: {detail}", kind=status_kind(status),
+                          retryable=is_retryable_status(status),
+                          retry_after=parse_retry_after(exc.response.headers),
+                          hint=_HINTS.get(status))
+
+    def _completion(self, response: Any, latency: float) -> Completion:
+        # Bodies are not validated by the SDK, so a wrong shape is caught here, field by field.
+        blocks = getattr(response, "content", None)
+        if not isinstance(blocks, list):
+            raise self._bad_response("the response has no content list")
+        texts = [b.text for b in blocks
+                 if getattr(b, "type", None) == "text" and isinstance(getattr(b, "text", None), str)]
+        if not texts:
+            raise self._bad_response("the response has no text block")
+        usage = getattr(response, "usage", None)
+        stop = getattr(response, "stop_reason", None)
+        finish = _FINISH.get(stop, stop) if isinstance(stop, str) else "stop"
+        return Completion(text="".join(texts), prompt_tokens=_count(usage, "input_tokens"),
+                          completion_tokens=_count(usage, "output_tokens"), latency_s=latency,
+                          finish_reason=finish)
+
+    def _bad_response(self, what: str) -> ModelError:
+        return ModelError(f"{self.model_id}: bad response from {self.base_url}: {what}",
+                          kind="bad_response", retryable=True)
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
+
+
+def split_system(messages: tuple[tuple[str, str], ...]) -> tuple[str, list[dict[str, str]]]:
+    """System messages joined into the `system` text; the rest as user/assistant turns, with
+    consecutive turns of one role merged, since the API wants the roles to alternate."""
+    system = [content for role, content in messages if role == "system"]
+    turns: list[dict[str, str]] = []
+    for role, content in messages:
+        if role == "system":
+            continue
+        role = "assistant" if role == "assistant" else "user"
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"] += "\n\n" + content
+        else:
+            turns.append({"role": role, "content": content})
+    return "\n\n".join(system), turns
+
+
+def _count(usage: Any, field: str) -> int:
+    value = getattr(usage, field, None)
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

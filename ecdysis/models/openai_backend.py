@@ -1,0 +1,132 @@
+"""OpenAI-compatible chat completions through the official SDK (OpenAI itself, vLLM, Ollama,
+llama.cpp's server, LM Studio via the base URL). The registry wraps it in `with_retries`."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import openai
+
+from ecdysis.errors import ModelError
+from ecdysis.models.retry import is_retryable_status, parse_retry_after, status_kind
+from ecdysis.records import Completion, CompletionRequest
+
+# Local servers ignore the key, but the SDK refuses to build a client without one.
+PLACEHOLDER_KEY = "no-key-needed"
+
+_HINTS: dict[int, str] = {
+    401: "check OPENAI_API_KEY",
+    403: "check that OPENAI_API_KEY may use this model",
+    404: "check the model name and OPENAI_BASE_URL (it usually ends in /v1)",
+    429: "lower the run's concurrency or wait for the quota to refill",
+}
+
+
+class OpenAIBackend:
+    """Chat completions from one model of an OpenAI-compatible server.
+
+    `max_retries=0` in the SDK because `with_retries` owns retrying (otherwise attempts multiply).
+    `deterministic` defaults to False: hosted models do not promise the same text at temperature 0;
+    pass True for a local server that does. The key lives only inside the SDK client."""
+
+    def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
+                 timeout_s: float = 60.0, max_concurrency: int = 16,
+                 deterministic: bool = False) -> None:
+        self.model = model
+        self.model_id = f"openai:{model}"
+        self.max_concurrency = max_concurrency
+        self.deterministic = deterministic
+        self._secret = api_key or ""
+        self._client = openai.OpenAI(api_key=api_key or PLACEHOLDER_KEY, base_url=base_url,
+                                     timeout=timeout_s, max_retries=0)
+        self.base_url = str(self._client.base_url)
+
+    def __repr__(self) -> str:
+        return f"OpenAIBackend(model={self.model!r}, base_url={self.base_url!r})"
+
+    def complete(self, request: CompletionRequest) -> Completion:
+        start = time.perf_counter()
+        response = self._call(request)
+        return self._completion(response, time.perf_counter() - start)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, request: CompletionRequest) -> Any:
+        params: dict[str, Any] = dict(model=self.model, messages=request.message_dicts(),
+                                      temperature=request.temperature, seed=request.seed,
+                                      # max_tokens, not max_completion_tokens: every compatible
+                                      # server (vLLM, llama.cpp, Ollama) understands this one.
+                                      max_tokens=request.max_tokens)
+        if request.stop:
+            params["stop"] = list(request.stop)
+        # `from None` everywhere: the SDK error holds the request (headers included) and the raw
+        # body, which may echo the key; our message is redacted instead.
+        try:
+            return self._client.chat.completions.create(**params)
+        except openai.APIStatusError as exc:
+            raise self._status_error(exc) from None
+        except openai.APITimeoutError:
+            raise ModelError(f"{self.model_id}: no answer from {self.base_url} within the timeout",
+                             kind="timeout", retryable=True,
+                             hint="raise ECDYSIS_MODEL_TIMEOUT if the server is just slow") from None
+        except openai.APIConnectionError as exc:
+            raise ModelError(f"{self.model_id}: cannot reach {self.base_url}: {self._redact(str(exc))}",
+                             kind="connection", retryable=True,
+                             hint="check OPENAI_BASE_URL and that the server is running") from None
+        except (openai.APIResponseValidationError, json.JSONDecodeError) as exc:
+            # JSONDecodeError: a 200 whose body claims to be JSON but is not.
+            raise self._bad_response(f"unreadable response body ({type(exc).__name__})") from None
+
+    def _status_error(self, exc: openai.APIStatusError) -> ModelError:
+        status = exc.status_code
+        detail = self._redact(_short(exc.message))
+        kind = status_kind(status)
+        if status == 400 and _is_context_overflow(exc):
+            kind = "context_overflow"
+        return ModelError(f"{self.model_id}: HTTP {status}: {detail}", kind=kind,
+                          retryable=is_retryable_status(status),
+                          retry_after=parse_retry_after(exc.response.headers),
+                          hint=_HINTS.get(status))
+
+    def _completion(self, response: Any, latency: float) -> Completion:
+        # The SDK does not validate bodies: a non-JSON 200 comes back as a str, and a JSON one of
+        # the wrong shape as a half-built object, so every field is checked here.
+        choices = getattr(response, "choices", None)
+        if not isinstance(choices, list) or not choices:
+            raise self._bad_response("the response has no choices")
+        message = getattr(choices[0], "message", None)
+        text = getattr(message, "content", None)
+        if not isinstance(text, str):
+            raise self._bad_response(f"choice 0 has no text content (got {type(text).__name__})")
+        usage = getattr(response, "usage", None)
+        finish = getattr(choices[0], "finish_reason", None)
+        return Completion(text=text, prompt_tokens=_count(usage, "prompt_tokens"),
+                          completion_tokens=_count(usage, "completion_tokens"), latency_s=latency,
+                          finish_reason=finish if isinstance(finish, str) and finish else "stop")
+
+    def _bad_response(self, what: str) -> ModelError:
+        # Retryable: a proxy hiccup or a truncated body usually comes right on the next try.
+        return ModelError(f"{self.model_id}: bad response from {self.base_url}: {what}",
+                          kind="bad_response", retryable=True)
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
+
+
+def _count(usage: Any, field: str) -> int:
+    value = getattr(usage, field, None)
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_context_overflow(exc: openai.APIStatusError) -> bool:
+    message = str(exc.message).lower()
+    return exc.code == "context_length_exceeded" or "context window" in message \
+        or "context length" in message
