@@ -131,6 +131,125 @@ def harnesses(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @app.command()
+def evolve(
+    suite: str = typer.Option(..., help="suite to evolve on (train/validation/test splits)"),
+    model: list[str] = typer.Option(None, "--model", help="repeat for several models (cross-model evidence)"),
+    strategy: str = typer.Option("ecdysis", help="ecdysis | per-instance"),
+    iterations: int = typer.Option(3, min=1),
+    batch_size: int = typer.Option(30, min=1, help="train instances per iteration"),
+    val_limit: Optional[int] = typer.Option(40, help="validation instances compared pairwise"),
+    test_limit: Optional[int] = typer.Option(None, help="held-out test instances scored at the end"),
+    harness: Optional[str] = typer.Option(None, help="start version (default: the starter harness)"),
+    auto_approve: bool = typer.Option(False, "--auto-approve", help="approve every proposal"),
+    review: bool = typer.Option(False, "--review", help="decide each proposal at a terminal prompt"),
+    gate: str = typer.Option("paired-sign", help="paired-sign | any-improvement"),
+    gate_min_net: int = typer.Option(2, help="paired-sign: minimum net instances gained"),
+    roles: str = typer.Option("heuristic", help="role backend: heuristic, or a model name for LLM roles"),
+    max_rounds: int = typer.Option(3, min=1, help="Proposer/Critic rounds per cluster"),
+    concurrency: int = typer.Option(1, min=1, max=256),
+    max_model_calls: Optional[int] = typer.Option(None, help="stop cleanly after this many model calls"),
+    max_tokens: Optional[int] = typer.Option(None, help="stop cleanly after this many tokens"),
+    max_wall: Optional[float] = typer.Option(None, help="stop cleanly after this many seconds"),
+    resume: Optional[str] = typer.Option(None, help="continue the stored evolution EVOLUTION_ID"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Evolve a harness: batch, diagnose, gate, apply, validate; K iterations; sealed test at the end."""
+    from ecdysis.evolve import EvolveConfig, Evolver, summary
+    svc = _service()
+    reviewer = _terminal_reviewer(svc) if review else None
+    sink = None if as_json else _evolve_printer()
+    evolver = Evolver(svc, events=sink, reviewer=reviewer, poll_s=0 if not (review or auto_approve) else 1.0)
+    if resume:
+        overrides = {"max_model_calls": max_model_calls, "max_tokens": max_tokens, "max_wall_s": max_wall}
+        evo = evolver.run(resume, overrides=overrides)
+    else:
+        cfg = EvolveConfig(suite=suite, models=list(model or [svc.settings.default_model]), strategy=strategy,
+                           iterations=iterations, batch_size=batch_size, val_limit=val_limit,
+                           test_limit=test_limit, harness=harness, auto_approve=auto_approve, gate=gate,
+                           gate_min_net=gate_min_net, role_backend=roles, max_rounds=max_rounds,
+                           concurrency=concurrency, max_model_calls=max_model_calls, max_tokens=max_tokens,
+                           max_wall_s=max_wall)
+        evo = evolver.run(evolver.create(cfg).id)
+    result = summary(evo)
+    if as_json:
+        _emit_json(result)
+        return
+    table = Table("iter", "version", "train", "val", "proposals", "applied", "rolled back", "calls", "tokens", "s")
+    for r in result["iterations"]:
+        table.add_row(str(r["iteration"]), r["harness_version"], str(r["train_accuracy"]), str(r["val_accuracy"]),
+                      str(r["proposals"]), str(r["applied"]), str(r["rolled_back"]), str(r["model_calls"]),
+                      str(r["tokens"]), str(r["wall_seconds"]))
+    out.print(table)
+    out.print(f"evolution {result['evolution_id']}: {result['status']}; final {result['final_version']}; "
+              f"test accuracy {result['test_accuracy']} (base {result['base_test_accuracy']})")
+    if result.get("stopped"):
+        out.print(f"[yellow]{result['stopped']}[/yellow] — `ecdysis evolve --resume {result['evolution_id']}`")
+
+
+def _evolve_printer() -> Callable[[dict[str, Any]], None]:
+    def sink(event: dict[str, Any]) -> None:
+        if event["type"] == "iteration_done":
+            err.print(f"iteration {event['iteration']}: version {event['harness_version']} "
+                      f"val {event['val_accuracy']} — {event['gate']}")
+    return sink
+
+
+def _terminal_reviewer(svc: Service) -> Callable[[Any], tuple[str, str, Optional[dict[str, str]]]]:
+    import tempfile
+    from pathlib import Path
+
+    from ecdysis.diffs import diff_files
+
+    def review(proposal: Any) -> tuple[str, str, Optional[dict[str, str]]]:
+        base = svc.harness(proposal.harness_version)
+        out.rule(f"proposal {proposal.id} (cluster {proposal.cluster_id})")
+        for key in ("change", "root_cause", "expected_effect", "risk", "scope"):
+            out.print(f"[bold]{key}[/bold]: {proposal.spec.get(key, '')}")
+        for d in diff_files(base.files, {**base.files, **proposal.files}):
+            out.print(d.unified, highlight=False, markup=False)
+        while True:
+            choice = typer.prompt("approve / edit / reject", default="approve").strip().lower()
+            if choice in ("a", "approve"):
+                return "approve", "", None
+            if choice in ("r", "reject"):
+                return "reject", typer.prompt("reason"), None
+            if choice in ("e", "edit"):
+                folder = Path(tempfile.mkdtemp(prefix=f"ecdysis-edit-{proposal.id}-"))
+                for name, text in proposal.files.items():
+                    (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / name).write_text(text)
+                typer.prompt(f"edit the files in {folder}, then press Enter", default="", show_default=False)
+                edited = {name: (folder / name).read_text() for name in proposal.files}
+                return "edit", typer.prompt("note on the edit", default="edited"), edited
+    return review
+
+
+@app.command("export")
+def export_cmd(version: str = typer.Argument(..., help="harness version id or prefix"),
+               output: str = typer.Option(None, "-o", "--output", help="zip path (default VERSION.zip)")) -> None:
+    """Write a harness version as a zip that runs on its own (files, manifest, README, run.py)."""
+    from ecdysis.export import export_zip
+    svc = _service()
+    v = svc.harness(version)
+    path = output or f"{v.id}.zip"
+    data = export_zip(svc.store, v.id, path)
+    out.print(f"wrote {path} ({len(data)} bytes)")
+
+
+@app.command("import")
+def import_cmd(archive: str = typer.Argument(..., help="a harness zip exported by Ecdysis")) -> None:
+    """Store a harness zip as a version (refuses unsafe or malformed archives)."""
+    from pathlib import Path
+
+    from ecdysis.errors import InputError
+    from ecdysis.export import import_zip
+    if not Path(archive).is_file():
+        raise InputError("no such file", path=archive)
+    v = import_zip(_service().store, archive)
+    out.print(f"imported harness version {v.id}")
+
+
+@app.command()
 def settings() -> None:
     """Show the effective configuration (keys masked)."""
     for key, value in Settings.from_env().public().items():
