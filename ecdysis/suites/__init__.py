@@ -1,0 +1,95 @@
+"""Task suites, the first stage of the flow: `load_suite` resolves a name to a `Suite` whose every
+instance has a train / validation / test split, ready for the runner; `describe_suites` lists them.
+
+A name resolves, in this order, to: a built-in suite (`builtin_suite_names()`); `bigbench:TASK` or
+`bigbench:TASK/SUBTASK` from `bigbench_dir()`; a path to a `.jsonl` or BIG-bench `task.json` file;
+a suite stored with `import_jsonl` (looked up with `store.get_suite`). The loaded suite's `name` is
+the name it was loaded by (for a file, the path as given), so `load_suite(suite.name)` finds it
+again, which is what a resumed run does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ecdysis.errors import NotFound
+from ecdysis.records import SPLITS, Suite
+from ecdysis.store import Store
+from ecdysis.suites.bigbench import PREFIX as BIGBENCH_PREFIX
+from ecdysis.suites.bigbench import bigbench_dir, bigbench_tasks, load_bigbench, load_task_file
+from ecdysis.suites.builtin import builtin_suite, builtin_suite_names
+from ecdysis.suites.jsonl import import_jsonl, load_jsonl
+from ecdysis.suites.scorers import resolve, score
+from ecdysis.suites.splits import assign_splits
+
+__all__ = ["assign_splits", "bigbench_dir", "bigbench_tasks", "builtin_suite_names", "describe_suites",
+           "import_jsonl", "load_jsonl", "load_suite", "score"]
+
+_FILE_SUFFIXES = (".jsonl", ".json")
+
+
+def load_suite(name: str, *, store: Store | None = None, seed: int = 0) -> Suite:
+    """The suite called `name`, splits assigned with `seed`; `NotFound` lists what exists."""
+    suite = _resolve(name, store)
+    return replace(suite, instances=assign_splits(suite.instances, seed=seed))
+
+
+def describe_suites(store: Store | None = None) -> list[dict[str, Any]]:
+    """One row per built-in and stored suite: name, size, categories, scorer, source, description."""
+    suites = [load_suite(n) for n in builtin_suite_names()]
+    if store is not None:
+        taken = set(builtin_suite_names())
+        suites += [replace(s, instances=assign_splits(s.instances)) for s in store.list_suites()
+                   if s.name not in taken]
+    return [_describe(s) for s in suites]
+
+
+def _describe(suite: Suite) -> dict[str, Any]:
+    return {
+        "name": suite.name,
+        "size": len(suite.instances),
+        "categories": suite.categories,
+        "scorer": suite.scorer.kind,
+        "scorers": _scorer_per_category(suite),
+        "splits": {s: len(suite.split(s)) for s in SPLITS},
+        "source": suite.source,
+        "description": suite.description,
+    }
+
+
+def _scorer_per_category(suite: Suite) -> dict[str, str]:
+    first_of = {inst.category: inst for inst in reversed(suite.instances)}
+    return {c: resolve(first_of[c], suite.scorer).kind for c in sorted(first_of)}
+
+
+def _resolve(name: str, store: Store | None) -> Suite:
+    if name in builtin_suite_names():
+        return builtin_suite(name)
+    if name.startswith(BIGBENCH_PREFIX):
+        return load_bigbench(name[len(BIGBENCH_PREFIX):], name=name)
+    path = Path(name).expanduser()
+    if name.endswith(_FILE_SUFFIXES) and path.is_file():
+        return load_jsonl(path, name=name) if name.endswith(".jsonl") else load_task_file(path, name=name)
+    stored = store.get_suite(name) if store is not None else None
+    if stored is not None:
+        return stored
+    if name.endswith(_FILE_SUFFIXES):
+        raise NotFound(f"no file {name}", hint="give a path to an existing .jsonl or task.json file")
+    raise NotFound(f"no suite named {name!r}", hint=_known_hint(store))
+
+
+def _known_hint(store: Store | None) -> str:
+    parts = [f"built-in: {', '.join(builtin_suite_names())}"]
+    if store is not None:
+        stored = sorted(s.name for s in store.list_suites())
+        parts.append(f"stored: {', '.join(stored) if stored else 'none'}")
+    tasks = [t for t in bigbench_tasks() if "/" not in t]
+    if tasks:
+        example = "date_understanding" if "date_understanding" in tasks else tasks[0]
+        parts.append(f"BIG-bench: bigbench:TASK for {len(tasks)} tasks, e.g. bigbench:{example}")
+    else:
+        parts.append("BIG-bench: bigbench:TASK once `scripts/fetch_bigbench.py` has run")
+    parts.append("or a path to a .jsonl / task.json file")
+    return "; ".join(parts)

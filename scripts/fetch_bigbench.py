@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Fetch the BIG-bench task files once, for `bigbench:TASK` suites (see ecdysis/suites/bigbench.py):
+download the `bigbench==1.0.0` sdist with pip, keep only its benchmark_tasks/**/task.json files.
+
+    python scripts/fetch_bigbench.py                   # into bigbench_dir(), downloading with pip
+    python scripts/fetch_bigbench.py --sdist FILE.tar.gz --dest DIR
+
+Idempotent: when the folder already holds task files it does nothing. The package is never
+installed or imported, and no archive member outside benchmark_tasks/ (or with an absolute path or
+"..") is written. Files land in a temporary sibling folder first and are moved into place at the
+end, so an interrupted fetch leaves no half-filled folder behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+
+REQUIREMENT = "bigbench==1.0.0"
+MARKER = ("bigbench", "benchmark_tasks")
+
+
+def default_dest() -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from ecdysis.suites.bigbench import bigbench_dir
+    return bigbench_dir()
+
+
+def has_tasks(dest: Path) -> bool:
+    return dest.is_dir() and any(dest.glob("*/task.json"))
+
+
+def download_sdist(workdir: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", REQUIREMENT,
+           "-d", str(workdir)]
+    print("downloading:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    found = sorted(workdir.glob("bigbench-*.tar.gz"))
+    if not found:
+        raise SystemExit(f"error: pip left no bigbench sdist in {workdir}")
+    return found[0]
+
+
+def task_path(member: tarfile.TarInfo) -> PurePosixPath | None:
+    """Where a member goes under the destination, or None if it is not a benchmark task.json."""
+    path = PurePosixPath(member.name)
+    if not member.isfile() or path.is_absolute() or ".." in path.parts or path.name != "task.json":
+        return None
+    parts = path.parts
+    for i in range(len(parts) - len(MARKER)):
+        if parts[i:i + len(MARKER)] == MARKER:
+            rest = parts[i + len(MARKER):]
+            return PurePosixPath(*rest) if len(rest) >= 2 else None
+    return None
+
+
+def extract_tasks(sdist: Path, staging: Path) -> int:
+    count = 0
+    with tarfile.open(sdist, "r:gz") as archive:
+        for member in archive:
+            target = task_path(member)
+            if target is None:
+                continue
+            source = archive.extractfile(member)
+            if source is None:
+                continue
+            out = staging.joinpath(*target.parts)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with source, open(out, "wb") as sink:
+                shutil.copyfileobj(source, sink)
+            count += 1
+    return count
+
+
+def install(staging: Path, dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)  # only reached when it holds no task files (has_tasks was False)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(dest)
+
+
+def fetch(dest: Path, sdist: Path | None) -> int:
+    if has_tasks(dest):
+        print(f"BIG-bench task files already in {dest}: nothing to do")
+        return 0
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bigbench-dl-") as tmp:
+        archive = sdist if sdist is not None else download_sdist(Path(tmp))
+        staging = Path(tempfile.mkdtemp(prefix=".bigbench-partial-", dir=dest.parent))
+        try:
+            count = extract_tasks(archive, staging)
+            if count == 0:
+                raise SystemExit(f"error: {archive} holds no bigbench/benchmark_tasks/**/task.json")
+            install(staging, dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    print(f"extracted {count} task.json files from {archive.name} into {dest}")
+    return count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dest", type=Path, default=None, help="folder for the tasks (default: bigbench_dir())")
+    parser.add_argument("--sdist", type=Path, default=None, help="use this bigbench-1.0.0.tar.gz instead of pip")
+    args = parser.parse_args(argv)
+    if args.sdist is not None and not args.sdist.is_file():
+        parser.error(f"--sdist {args.sdist} is not a file")
+    fetch(args.dest or default_dest(), args.sdist)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""BIG-bench: the real task files fetched into `.cache/bigbench` (date_understanding, object_counting,
+word_sorting, navigate, logical_deduction and its subtasks) parse into suites whose targets agree
+with the raw JSON; small hand-written task files pin the edge cases; the fetch script extracts
+only task.json members and does nothing the second time."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import tarfile
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from ecdysis.errors import InputError, NotFound
+from ecdysis.records import SPLITS
+from ecdysis.suites import load_suite
+from ecdysis.suites.bigbench import bigbench_dir, bigbench_tasks, load_bigbench, load_task_file
+from ecdysis.suites.scorers import score
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL = bigbench_dir()
+needs_real = pytest.mark.skipif(not (REAL / "date_understanding" / "task.json").is_file(),
+                                reason=f"BIG-bench task files missing in {REAL}: run scripts/fetch_bigbench.py")
+
+
+def raw_examples(task: str) -> list[dict[str, Any]]:
+    return json.loads((REAL / task / "task.json").read_text(encoding="utf-8"))["examples"]
+
+
+def best(scores: dict[str, float]) -> str:
+    top = max(scores.values())
+    return next(c for c, s in scores.items() if s == top)
+
+
+# ---------------------------------------------------------------- real task files
+
+@needs_real
+def test_date_understanding_is_multiple_choice_with_the_best_choice_as_target() -> None:
+    suite = load_suite("bigbench:date_understanding")
+    raw = raw_examples("date_understanding")
+    assert suite.name == "bigbench:date_understanding" and len(suite.instances) == len(raw) == 369
+    assert suite.scorer.kind == "multiple_choice"
+    for inst, example in zip(suite.instances, raw):
+        assert inst.input == example["input"]
+        assert inst.choices == tuple(example["target_scores"])
+        assert inst.target == best(example["target_scores"])
+        assert score(inst.target, inst, suite.scorer)
+        wrong = next(c for c in inst.choices if c != inst.target)
+        assert not score(wrong, inst, suite.scorer)
+    assert suite.instances[7].id == "date_understanding-0007"
+
+
+@needs_real
+def test_object_counting_list_targets_become_target_plus_aliases() -> None:
+    suite = load_suite("bigbench:object_counting")
+    raw = raw_examples("object_counting")
+    assert suite.scorer.kind == "exact" and len(suite.instances) == 1000
+    first = suite.instances[0]
+    assert raw[0]["target"] == ["three", "3"] and first.target == "three"
+    assert score("3", first, suite.scorer) and score("Three.", first, suite.scorer)
+    assert not score("4", first, suite.scorer)
+    assert "3" not in json.dumps(first.task_view())  # aliases are not shown to the harness
+
+
+@needs_real
+def test_word_sorting_keeps_prefixes_as_fields_not_in_input() -> None:
+    suite = load_suite("bigbench:word_sorting")
+    first = suite.instances[0]
+    assert first.input == raw_examples("word_sorting")[0]["input"]
+    assert first.fields["task_prefix"] == "Sort the following words alphabetically:"
+    assert first.fields["example_input_prefix"] == "\nList: "
+    assert first.fields["example_output_prefix"] == "\nSorted: "
+    assert not first.input.startswith("Sort")
+    assert score(first.target.upper(), first, suite.scorer)
+
+
+@needs_real
+def test_navigate_has_true_false_choices() -> None:
+    suite = load_suite("bigbench:navigate")
+    assert {i.choices for i in suite.instances} == {("True", "False")}
+    assert Counter(i.target for i in suite.instances).keys() == {"True", "False"}
+    assert "return to the starting point" in suite.instances[0].fields["task_prefix"]
+
+
+@needs_real
+def test_logical_deduction_is_the_union_of_its_subtasks() -> None:
+    union = load_suite("bigbench:logical_deduction")
+    subtasks = ["logical_deduction/five_objects", "logical_deduction/seven_objects",
+                "logical_deduction/three_objects"]
+    assert sorted(union.categories) == subtasks
+    assert union.scorer.kind == "multiple_choice"
+    by_id = {i.id: i for i in union.instances}
+    for task in subtasks:
+        single = load_suite(f"bigbench:{task}")
+        assert len(single.instances) == len(raw_examples(task)) == union.categories[task]
+        for inst in single.instances:
+            assert inst.id.startswith(f"{task}-")
+            assert by_id[inst.id] == inst  # same instance, same split, in the union and alone
+        assert {i.split for i in single.instances} == set(SPLITS)
+    three = load_suite("bigbench:logical_deduction/three_objects").instances[0]
+    assert len(three.choices or ()) == 3 and three.target in (three.choices or ())
+
+
+@needs_real
+def test_real_suites_are_deterministic_and_split_every_instance() -> None:
+    a, b = load_suite("bigbench:navigate"), load_suite("bigbench:navigate")
+    assert [(i.id, i.split) for i in a.instances] == [(i.id, i.split) for i in b.instances]
+    counts = Counter(i.split for i in a.instances)
+    assert counts == {"train": 500, "validation": 250, "test": 250}
+
+
+@needs_real
+def test_task_listing_and_lookup_errors() -> None:
+    names = bigbench_tasks()
+    for task in ("date_understanding", "object_counting", "word_sorting", "navigate",
+                 "logical_deduction", "logical_deduction/three_objects"):
+        assert task in names
+    with pytest.raises(NotFound) as err:
+        load_suite("bigbench:no_such_task")
+    assert "date_understanding" in str(err.value.hint) or "tasks in" in str(err.value.hint)
+    with pytest.raises(NotFound, match="subtasks of logical_deduction"):
+        load_suite("bigbench:logical_deduction/nine_objects")
+    with pytest.raises(NotFound):
+        load_suite("bigbench:../../etc")
+
+
+@needs_real
+def test_a_task_json_path_loads_and_reloads_by_its_name() -> None:
+    path = str(REAL / "navigate" / "task.json")
+    suite = load_suite(path)
+    assert suite.name == path and len(suite.instances) == 1000
+    assert [i.id for i in load_suite(suite.name).instances] == [i.id for i in suite.instances]
+
+
+# ---------------------------------------------------------------- hand-written task files
+
+def write_task(folder: Path, data: dict[str, Any]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "task.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_ties_and_preferred_score_decide_the_shape(tmp_path: Path) -> None:
+    path = write_task(tmp_path / "tiny", {
+        "name": "tiny", "description": "Tiny.", "preferred_score": "multiple_choice_grade",
+        "task_prefix": "Answer:", "examples": [
+            {"input": "a?", "target_scores": {"x": 0, "y": 1, "z": 1}},
+            {"input": "b?", "target_scores": {"x": 0.5, "y": 0.0}, "target": "ignored"},
+        ]})
+    suite = load_task_file(path)
+    assert suite.name == "tiny" and suite.description == "Tiny." and suite.scorer.kind == "multiple_choice"
+    first, second = suite.instances
+    assert (first.target, first.choices, second.target) == ("y", ("x", "y", "z"), "x")
+    assert score("z", first, suite.scorer) and score("C", first, suite.scorer)  # tied best choices
+    assert not score("x", first, suite.scorer)
+    assert first.fields == {"task_prefix": "Answer:"} and first.input == "a?"
+
+
+def test_generative_when_exact_match_is_preferred(tmp_path: Path) -> None:
+    path = write_task(tmp_path / "gen", {"name": "gen", "preferred_score": "exact_str_match", "examples": [
+        {"input": "q", "target": "yes", "target_scores": {"yes": 1, "no": 0}},
+        {"input": "r", "target": ["no", "nope", "no"]}]})
+    suite = load_task_file(path)
+    assert suite.scorer.kind == "exact"
+    assert [i.choices for i in suite.instances] == [None, None]
+    assert score("nope", suite.instances[1], suite.scorer) and not score("yes", suite.instances[1], suite.scorer)
+
+
+def test_subtasks_with_different_shapes_get_a_by_category_scorer(tmp_path: Path) -> None:
+    root = tmp_path / "tasks"
+    write_task(root / "combo", {"name": "combo", "description": "Two parts."})
+    write_task(root / "combo" / "mc", {"name": "mc", "examples": [{"input": "q", "target_scores": {"a": 1, "b": 0}}]})
+    write_task(root / "combo" / "gen", {"name": "gen", "examples": [{"input": "q", "target": ["4", "four"]}]})
+    suite = load_bigbench("combo", root=root)
+    assert suite.scorer.kind == "by_category" and suite.categories == {"combo/gen": 1, "combo/mc": 1}
+    gen = next(i for i in suite.instances if i.category == "combo/gen")
+    mc = next(i for i in suite.instances if i.category == "combo/mc")
+    assert score("four", gen, suite.scorer) and score("B", mc, suite.scorer) is False and score("A", mc, suite.scorer)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"name": "t", "examples": [{"input": "q"}]}, "example 0: needs 'target'"),
+    ({"name": "t", "examples": [{"input": 1, "target": "a"}]}, "example 0: needs a string 'input'"),
+    ({"name": "t", "examples": [{"input": "q", "target_scores": {"a": "high"}}]}, "must map each choice"),
+    ({"name": "t", "examples": []}, "non-empty list"),
+    ({"name": "t"}, "no 'examples' and no subtask folders"),
+    ({"name": "t", "examples": [{"input": "q", "target": "a"}, {"input": "r", "target_scores": {"a": 1}}]},
+     "mixes multiple-choice and generative"),
+])
+def test_malformed_task_files_are_input_errors_naming_the_file(tmp_path: Path, data: dict[str, Any],
+                                                               message: str) -> None:
+    path = write_task(tmp_path / "t", data)
+    with pytest.raises(InputError) as err:
+        load_task_file(path)
+    assert err.value.path == str(path) and message in str(err.value)
+
+
+def test_invalid_json_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "task.json"
+    path.write_text('{\n"name": "t",\n"examples": [,]\n}', encoding="utf-8")
+    with pytest.raises(InputError) as err:
+        load_task_file(path)
+    assert err.value.line == 3
+
+
+def test_missing_folder_says_how_to_fetch(tmp_path: Path) -> None:
+    with pytest.raises(NotFound) as err:
+        load_bigbench("navigate", root=tmp_path / "nowhere")
+    assert "fetch_bigbench.py" in str(err.value.hint)
+
+
+def test_env_var_moves_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_task(tmp_path / "mine", {"name": "mine", "examples": [{"input": "q", "target": "a"}]})
+    monkeypatch.setenv("ECDYSIS_BIGBENCH_DIR", str(tmp_path))
+    assert bigbench_dir() == tmp_path
+    assert [i.id for i in load_suite("bigbench:mine").instances] == ["mine-0000"]
+    monkeypatch.delenv("ECDYSIS_BIGBENCH_DIR")
+    assert bigbench_dir() == ROOT / ".cache" / "bigbench" / "benchmark_tasks"
+
+
+# ---------------------------------------------------------------- the fetch script
+
+def fetch_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fetch_bigbench", ROOT / "scripts" / "fetch_bigbench.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_sdist(path: Path) -> Path:
+    members = {
+        "bigbench-1.0.0/bigbench/benchmark_tasks/alpha/task.json": b'{"name": "alpha", "examples": []}',
+        "bigbench-1.0.0/bigbench/benchmark_tasks/beta/sub/task.json": b'{"name": "sub"}',
+        "bigbench-1.0.0/bigbench/benchmark_tasks/alpha/task.py": b"print('code')",
+        "bigbench-1.0.0/bigbench/benchmark_tasks/alpha/README.md": b"readme",
+        "bigbench-1.0.0/bigbench/benchmark_tasks/../../escape/task.json": b"{}",
+        "/abs/bigbench/benchmark_tasks/abs/task.json": b"{}",
+        "bigbench-1.0.0/setup.py": b"",
+    }
+    with tarfile.open(path, "w:gz") as archive:
+        for name, body in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            archive.addfile(info, io.BytesIO(body))
+    return path
+
+
+def test_fetch_extracts_only_task_json_and_is_idempotent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = fetch_script()
+    dest = tmp_path / "cache" / "benchmark_tasks"
+    sdist = fake_sdist(tmp_path / "bigbench-1.0.0.tar.gz")
+    assert script.main(["--dest", str(dest), "--sdist", str(sdist)]) == 0
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert written == ["bigbench-1.0.0.tar.gz", "cache/benchmark_tasks/alpha/task.json",
+                       "cache/benchmark_tasks/beta/sub/task.json"]
+    assert "extracted 2 task.json files" in capsys.readouterr().out
+    assert script.fetch(dest, None) == 0  # already there: returns before any download
+    assert "nothing to do" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        script.main(["--dest", str(tmp_path / "other"), "--sdist", str(tmp_path / "absent.tar.gz")])
+    assert not (tmp_path / "other").exists()
