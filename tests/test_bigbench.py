@@ -1,4 +1,4 @@
-"""BIG-bench: the real task files fetched into `.cache/bigbench` (date_understanding, object_counting,
+"""BIG-bench: the real task files fetched into ~/.cache/ecdysis/bigbench (date_understanding, object_counting,
 word_sorting, navigate, logical_deduction and its subtasks) parse into suites whose targets agree
 with the raw JSON; small hand-written task files pin the edge cases; the fetch script extracts
 only task.json members and does nothing the second time."""
@@ -221,7 +221,7 @@ def test_env_var_moves_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert bigbench_dir() == tmp_path
     assert [i.id for i in load_suite("bigbench:mine").instances] == ["mine-0000"]
     monkeypatch.delenv("ECDYSIS_BIGBENCH_DIR")
-    assert bigbench_dir() == ROOT / ".cache" / "bigbench" / "benchmark_tasks"
+    assert bigbench_dir() == Path.home() / ".cache" / "ecdysis" / "bigbench" / "benchmark_tasks"
 
 
 # ---------------------------------------------------------------- the fetch script

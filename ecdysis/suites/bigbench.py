@@ -21,6 +21,7 @@ How a task maps onto instances:
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,9 +44,13 @@ def repo_root() -> Path:
 
 
 def bigbench_dir() -> Path:
-    """ECDYSIS_BIGBENCH_DIR, else <repo root>/.cache/bigbench/benchmark_tasks."""
+    """ECDYSIS_BIGBENCH_DIR, else ~/.cache/ecdysis/bigbench/benchmark_tasks (outside the clone:
+    1.7 GB of task files are fetched once per machine, not once per checkout)."""
     configured = Settings.from_env().bigbench_dir
-    return configured if configured is not None else repo_root() / ".cache" / "bigbench" / "benchmark_tasks"
+    if configured is not None:
+        return configured
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "ecdysis" / "bigbench" / "benchmark_tasks"
 
 
 def bigbench_tasks(root: Path | None = None) -> list[str]:
