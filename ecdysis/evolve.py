@@ -230,9 +230,7 @@ class Evolver:
                                     role_backend=cfg.role_backend, smoke_model=self.svc.backend(cfg.models[0]),
                                     max_rounds=cfg.max_rounds, previous_clusters=previous,
                                     only_instances=only, backend_factory=self.svc.backend)
-        version = evo.current_version
-        rec = diagnosis.store_report(self.store, report, run_ids=run_ids, harness_version=version,
-                                     files=self.svc.harness(version).files)
+        rec = diagnosis.store_report(self.store, report)
         evo.result.setdefault("diagnoses", []).append(rec.id)
         return rec.id, [p.id for p in self.store.list_proposals(diagnosis_id=rec.id)]
 

@@ -4,7 +4,7 @@ suites, harness versions, model backends and the runner over a `Store`; no UI co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ecdysis import harness as harness_mod
 from ecdysis.errors import NotFound
@@ -16,6 +16,12 @@ from ecdysis.sandbox import SandboxLimits
 from ecdysis.settings import Settings
 from ecdysis.store import HarnessVersion, Store
 from ecdysis.suites import describe_suites, load_suite
+
+if TYPE_CHECKING:
+    from ecdysis.diffs import FileDiff
+    from ecdysis.evolve import EvolveConfig
+    from ecdysis.jobs import JobContext, JobManager
+    from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, JobRecord, ProposalRecord
 
 
 @dataclass
@@ -31,7 +37,162 @@ class RunRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Service:
+class ReviewAPI:
+    """Mixed into `Service`: diagnoses, proposals, the human gate, evolutions, harness export,
+    and background jobs. The CLI and the pages call only these."""
+
+    store: Store
+    settings: Settings
+
+    # ---- background jobs (the app never runs long work in a script run)
+    @property
+    def jobs(self) -> "JobManager":
+        if getattr(self, "_jobs", None) is None:
+            from ecdysis.jobs import JobManager
+            self._jobs = JobManager(self.store)
+        return self._jobs
+
+    def job(self, job_id: str) -> "JobRecord":
+        job = self.store.get_job(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r}")
+        return job
+
+    def recent_jobs(self, limit: int = 20) -> list["JobRecord"]:
+        return self.store.list_jobs(limit=limit)
+
+    def cancel_job(self, job_id: str) -> None:
+        self.jobs.cancel(job_id)
+
+    def start_run_job(self, req: RunRequest) -> str:
+        run = self.create_run(req)  # type: ignore[attr-defined]
+
+        def work(ctx: "JobContext") -> dict[str, Any]:
+            def events(e: dict[str, Any]) -> None:
+                if e["type"] in ("run_started", "instance_done"):
+                    ctx.progress(e["done"], e["total"], f"run {run.id}")
+            summary = self.execute_run(run.id, use_cache=req.use_cache, events=events,  # type: ignore[attr-defined]
+                                       cancelled=ctx.cancelled)
+            return {"run_id": run.id, "summary": summary.to_json()}
+        return self.jobs.submit("run", {"run_id": run.id, "suite": req.suite, "model": req.model}, work)
+
+    def start_resume_job(self, run_id: str) -> str:
+        def work(ctx: "JobContext") -> dict[str, Any]:
+            summary = self.execute_run(run_id, cancelled=ctx.cancelled,  # type: ignore[attr-defined]
+                                       events=lambda e: ctx.progress(e.get("done", 0), e.get("total", 0), f"run {run_id}")
+                                       if e["type"] in ("run_started", "instance_done") else None)
+            return {"run_id": run_id, "summary": summary.to_json()}
+        return self.jobs.submit("run", {"run_id": run_id, "resume": True}, work)
+
+    # ---- diagnoses and proposals
+    def diagnose(self, run_ids: list[str], *, role_backend: str = "heuristic", max_rounds: int = 3,
+                 events: Callable[[dict[str, Any]], None] | None = None) -> "DiagnosisRecord":
+        from ecdysis import diagnosis
+        report = diagnosis.diagnose(self.store, run_ids, suite_loader=self.suite,  # type: ignore[attr-defined]
+                                    role_backend=role_backend, max_rounds=max_rounds,
+                                    backend_factory=self.backend, events=events)  # type: ignore[attr-defined]
+        return diagnosis.store_report(self.store, report)
+
+    def start_diagnosis_job(self, run_ids: list[str], *, role_backend: str = "heuristic") -> str:
+        def work(ctx: "JobContext") -> dict[str, Any]:
+            ctx.progress(0, 1, "clustering failures", force=True)
+            rec = self.diagnose(run_ids, role_backend=role_backend,
+                                events=lambda e: ctx.progress(0, 1, str(e.get("type", "")), force=True))
+            return {"diagnosis_id": rec.id}
+        return self.jobs.submit("diagnose", {"run_ids": run_ids, "role_backend": role_backend}, work)
+
+    def diagnoses(self, limit: int = 50) -> list["DiagnosisRecord"]:
+        return self.store.list_diagnoses(limit=limit)
+
+    def get_diagnosis(self, diagnosis_id: str) -> "DiagnosisRecord":
+        rec = self.store.get_diagnosis(diagnosis_id)
+        if rec is None:
+            raise NotFound(f"no diagnosis {diagnosis_id!r}")
+        return rec
+
+    def proposals(self, *, diagnosis_id: str | None = None, status: str | None = None) -> list["ProposalRecord"]:
+        return self.store.list_proposals(diagnosis_id=diagnosis_id, status=status)
+
+    def get_proposal(self, proposal_id: str) -> "ProposalRecord":
+        p = self.store.get_proposal(proposal_id)
+        if p is None:
+            raise NotFound(f"no proposal {proposal_id!r}")
+        return p
+
+    def decide(self, proposal_id: str, decision: str, *, who: str, reason: str = "",
+               files: dict[str, str] | None = None) -> "DecisionRecord":
+        from ecdysis.gate import decide
+        return decide(self.store, proposal_id, decision, who=who, reason=reason, files=files)  # type: ignore[arg-type]
+
+    def decisions(self, proposal_id: str | None = None) -> list["DecisionRecord"]:
+        return self.store.list_decisions(proposal_id)
+
+    def apply_proposal(self, proposal_id: str) -> HarnessVersion:
+        """Create the next harness version from an approved or edited proposal (outside an
+        evolution); the caller may then evaluate it."""
+        from ecdysis.gate import approved_files
+        from ecdysis.harness import new_version
+        from ecdysis.errors import InputError
+        proposal = self.get_proposal(proposal_id)
+        files = approved_files(self.store, proposal)
+        if proposal.status not in ("approved", "edited") or files is None:
+            raise InputError(f"proposal {proposal_id} is {proposal.status}; approve or edit it first")
+        base = self.harness(proposal.harness_version)  # type: ignore[attr-defined]
+        version = new_version({**base.files, **files}, parent=base.id,
+                              note=f"{proposal.spec.get('operator') or 'manual'} from proposal {proposal.id}")
+        version.metrics = {"applied": [{"proposal_id": proposal.id, "cluster_id": proposal.cluster_id,
+                                        "spec": proposal.spec, "predicted": proposal.spec.get("expected_effect", ""),
+                                        "edited": proposal.status == "edited"}]}
+        stored = self.store.get_harness(version.id) or self.store.put_harness(version)
+        self.store.set_proposal_status(proposal_id, "applied")
+        return stored
+
+    # ---- evolutions
+    def start_evolution_job(self, config: "EvolveConfig") -> str:
+        from ecdysis.evolve import Evolver
+        evo = Evolver(self).create(config)  # type: ignore[arg-type]
+        return self._evolution_job(evo.id)
+
+    def resume_evolution_job(self, evolution_id: str) -> str:
+        return self._evolution_job(evolution_id)
+
+    def _evolution_job(self, evolution_id: str) -> str:
+        from ecdysis.evolve import Evolver, summary
+
+        def work(ctx: "JobContext") -> dict[str, Any]:
+            def events(e: dict[str, Any]) -> None:
+                if e["type"] == "iteration_done":
+                    ctx.progress(e["iteration"], 0, f"iteration {e['iteration']} done", force=True)
+                elif e["type"] in ("run_started", "instance_done"):
+                    ctx.progress(e.get("done", 0), e.get("total", 0), f"batch {e.get('run_id')}")
+            evo = Evolver(self, events=events, cancelled=ctx.cancelled, poll_s=1.0).run(evolution_id)  # type: ignore[arg-type]
+            return summary(evo)
+        return self.jobs.submit("evolve", {"evolution_id": evolution_id}, work)
+
+    def evolutions(self, limit: int = 50) -> list["EvolutionRecord"]:
+        return self.store.list_evolutions(limit=limit)
+
+    def get_evolution(self, evolution_id: str) -> "EvolutionRecord":
+        evo = self.store.get_evolution(evolution_id)
+        if evo is None:
+            raise NotFound(f"no evolution {evolution_id!r}")
+        return evo
+
+    # ---- harness export / import / diff
+    def export_harness(self, version_id: str) -> bytes:
+        from ecdysis.export import export_zip
+        return export_zip(self.store, self.harness(version_id).id)  # type: ignore[attr-defined]
+
+    def import_harness(self, data: bytes, *, name: str = "upload.zip") -> HarnessVersion:
+        from ecdysis.export import import_zip
+        return import_zip(self.store, data, origin=name)
+
+    def harness_diff(self, old_id: str, new_id: str) -> list["FileDiff"]:
+        from ecdysis.diffs import diff_files
+        return diff_files(self.harness(old_id).files, self.harness(new_id).files)  # type: ignore[attr-defined]
+
+
+class Service(ReviewAPI):
     def __init__(self, store: Store, settings: Settings | None = None,
                  backend_factory: Callable[[str], ModelBackend] | None = None) -> None:
         self.store = store
