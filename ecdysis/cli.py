@@ -18,8 +18,9 @@ from ecdysis.settings import Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Evolve the runtime harness of LLM agents from batches of failures.")
-out = Console()
-err = Console(stderr=True)
+# Piped output gets a wide console: ids and paths must not be cut or wrapped for scripts.
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 def _service() -> Service:
@@ -260,7 +261,8 @@ def main() -> None:
     try:
         app()
     except EcdysisError as exc:
-        err.print(f"[red]error:[/red] {exc.message}" + (f" — {exc.hint}" if exc.hint else ""), highlight=False)
+        err.print(f"[red]error:[/red] {exc.message}" + (f" — {exc.hint}" if exc.hint else ""),
+                  highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted; resume with `ecdysis run --resume RUN_ID`")

@@ -96,6 +96,10 @@ class LlamaCppBackend:
     def complete(self, request: CompletionRequest) -> Completion:
         with self._lock:
             llm = self._load()
+            # Reusing the cached prefix of the previous prompt evaluates the rest in a different
+            # batch shape, and greedy decoding then drifts; a full evaluation keeps the same
+            # request giving the same text, which the response cache and paired gates rely on.
+            llm.reset()
             start = time.perf_counter()
             try:
                 out = llm.create_chat_completion(
