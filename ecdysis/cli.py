@@ -132,6 +132,63 @@ def harnesses(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @app.command()
+def diagnose(
+    run_ids: list[str] = typer.Argument(..., help="one or more stored runs, diagnosed as one batch"),
+    roles: str = typer.Option("heuristic", help="role backend: heuristic, or a model name for LLM roles"),
+    max_rounds: int = typer.Option(3, min=1, help="Proposer/Critic rounds per cluster"),
+    transcripts: bool = typer.Option(False, "--transcripts", help="print every role message in the report"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Cluster the failures of runs across instances and models, attribute them, propose patches."""
+    from ecdysis.diagnosis import DiagnosisReport
+    svc = _service()
+    with err.status("diagnosing: clustering failures, running the roles"):
+        rec = svc.diagnose(list(run_ids), role_backend=roles, max_rounds=max_rounds)
+    report = DiagnosisReport.from_json(rec.report)
+    if as_json:
+        _emit_json(report.to_json())
+        return
+    sys.stdout.write(report.render_text(transcripts=transcripts) + "\n")
+    out.print(f"stored as diagnosis {rec.id}; review with `ecdysis proposals --diagnosis {rec.id}`")
+
+
+@app.command()
+def proposals(diagnosis: Optional[str] = typer.Option(None, help="only this diagnosis"),
+              status: Optional[str] = typer.Option(None, help="pending | approved | edited | rejected | applied"),
+              as_json: bool = typer.Option(False, "--json")) -> None:
+    """List stored proposals and their gate status."""
+    rows = [{"id": p.id, "diagnosis": p.diagnosis_id, "cluster": p.cluster_id, "status": p.status,
+             "operator": p.spec.get("operator"), "files": sorted(p.files), "change": p.spec.get("change", "")}
+            for p in _service().proposals(diagnosis_id=diagnosis, status=status)]
+    if as_json:
+        _emit_json(rows)
+        return
+    table = Table("id", "diagnosis", "cluster", "status", "operator", "change")
+    for r in rows:
+        table.add_row(r["id"], r["diagnosis"], r["cluster"], r["status"], str(r["operator"]), r["change"][:80])
+    out.print(table if rows else "no proposals yet: run `ecdysis diagnose RUN_ID`")
+
+
+@app.command()
+def decide(proposal: str = typer.Argument(...),
+           decision: str = typer.Option(..., help="approve | edit | reject"),
+           reason: str = typer.Option("", help="why (required to reject)"),
+           edited_dir: Optional[str] = typer.Option(None, help="with edit: folder holding the edited files"),
+           who: str = typer.Option("cli", help="who decides (stored with the decision)")) -> None:
+    """Record a decision on a proposal (the same gate the app and `evolve --review` use)."""
+    from pathlib import Path
+    svc = _service()
+    files = None
+    if decision == "edit":
+        if not edited_dir:
+            raise EcdysisError("an edit needs --edited-dir with the edited files")
+        p = svc.get_proposal(proposal)
+        files = {name: (Path(edited_dir) / name).read_text() for name in p.files if (Path(edited_dir) / name).exists()}
+    rec = svc.decide(proposal, decision, who=who, reason=reason, files=files)
+    out.print(f"{rec.decision} recorded for {proposal}")
+
+
+@app.command()
 def evolve(
     suite: str = typer.Option(..., help="suite to evolve on (train/validation/test splits)"),
     model: list[str] = typer.Option(None, "--model", help="repeat for several models (cross-model evidence)"),
