@@ -22,6 +22,10 @@ from ecdysis.runner import CallBudget, EventSink, Runner, pick_instances
 from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, HarnessVersion, ProposalRecord
 
 STRATEGIES = ("ecdysis", "per-instance")
+DECIDED_STATUS = {"approve": "approved", "edit": "edited", "reject": "rejected"}
+# Proposal statuses `_compose` (re)applies: "applied" and "superseded" are its own earlier verdicts
+# on them, which a process that died before saving the cursor must be able to reach again.
+COMPOSABLE = ("approved", "edited", "applied", "superseded")
 
 # A reviewer sees one pending proposal and returns (decision, reason, edited files or None).
 Reviewer = Callable[[ProposalRecord], tuple[str, str, dict[str, str] | None]]
@@ -103,11 +107,13 @@ class Evolver:
         if overrides:
             evo.config.update({k: v for k, v in overrides.items() if v is not None})
         cfg = EvolveConfig(**evo.config)
-        spent = evo.result.setdefault("spent", {"calls": 0, "tokens": 0})
+        spent = dict(evo.result.setdefault("spent", {"calls": 0, "tokens": 0}))
         deadline = time.time() + cfg.max_wall_s if cfg.max_wall_s else None
         budget = CallBudget(max_calls=None if cfg.max_model_calls is None else cfg.max_model_calls - spent["calls"],
                             max_tokens=None if cfg.max_tokens is None else cfg.max_tokens - spent["tokens"],
                             deadline=deadline)
+        # Every save writes what was spent so far, so a killed process does not reset the budget.
+        self._spent_before, self._budget = spent, budget
         evo.status = "running"
         self._save(evo)
         try:
@@ -126,10 +132,15 @@ class Evolver:
             evo.status = "waiting"
             evo.result["stopped"] = f"waiting for decisions on {len(w.pending)} proposal(s): {', '.join(w.pending)}"
         finally:
-            spent["calls"] += budget.calls
-            spent["tokens"] += budget.tokens
             self._save(evo)
         return evo
+
+    def _spent(self) -> dict[str, int]:
+        """Calls and tokens this evolution has spent, over every process that ran it."""
+        before = getattr(self, "_spent_before", {"calls": 0, "tokens": 0})
+        budget = getattr(self, "_budget", None)
+        return {"calls": before["calls"] + (budget.calls if budget else 0),
+                "tokens": before["tokens"] + (budget.tokens if budget else 0)}
 
     # ------------------------------------------------------------ the phases
 
@@ -141,14 +152,16 @@ class Evolver:
                 cur.update(phase="test")
                 return
             cur.setdefault("started", time.time())
-            cur.setdefault("spent_at_start", {"calls": budget.calls, "tokens": budget.tokens})
+            cur.setdefault("spent_at_start", self._spent())
             version = self.svc.harness(evo.current_version)
             instances = self._train_window(evo, cfg, cur["iteration"])
-            runs = self._ensure_runs(cur, "train_runs", version, instances, cfg, budget, split="train")
+            runs = self._ensure_runs(cur, "train_runs", version, instances, cfg, budget, split="train", owner=evo.id)
             cur["train_accuracy"] = self._accuracy(runs)
             cur["phase"] = "diagnose"
         elif phase == "diagnose":
-            cur["diagnosis_id"], cur["proposal_ids"] = self._diagnose(evo, cfg, cur)
+            cur.setdefault("diagnose_started", time.time())
+            self._save(evo)
+            cur["diagnosis_id"], cur["proposal_ids"] = self._adopt_diagnosis(evo, cur) or self._diagnose(evo, cfg, cur)
             cur["phase"] = "gate"
         elif phase == "gate":
             self._gate(cfg, cur["proposal_ids"])
@@ -179,17 +192,22 @@ class Evolver:
         return pick_instances(self.svc.suite(evo.suite), split, limit)
 
     def _ensure_runs(self, cur: dict[str, Any], slot: str, version: HarnessVersion, instances: list[Instance],
-                     cfg: EvolveConfig, budget: CallBudget, *, split: str) -> list[str]:
+                     cfg: EvolveConfig, budget: CallBudget, *, split: str, owner: str = "") -> list[str]:
         """One run per model of `version` on `instances`, created once, resumed if interrupted,
         reused when an identical finished run exists (a parent's validation, for instance)."""
         suite = self.svc.suite(cfg.suite)
         ids: dict[str, str] = cur.setdefault(slot, {})
+        # The label names the evolution, iteration and slot, so a run created just before a crash
+        # (before the cursor naming it was saved) is found and resumed, not created a second time.
+        label = f"{cfg.label or 'evolve'}:{slot}" + (f"@{owner}/{cur.get('iteration', '')}" if owner else "")
         for model in cfg.models:
-            run_id = ids.get(model) or self._find_run(version.id, model, [i.id for i in instances])
+            iids = [i.id for i in instances]
+            run_id = (ids.get(model) or self._find_run(version.id, model, iids)
+                      or (self._find_run(version.id, model, iids, label=label) if owner else None))
             if run_id is None:
                 run = Runner(self.store, limits=self.svc.limits()).create(
                     suite, model, version, split=split, concurrency=cfg.concurrency,
-                    label=f"{cfg.label or 'evolve'}:{slot}", instances=instances)
+                    label=label, instances=instances)
                 run_id = run.id
             ids[model] = run_id
             self._save_cursor_only(cur)
@@ -203,10 +221,13 @@ class Evolver:
                     raise BudgetExceeded("a budget ran out during a batch")
         return list(ids.values())
 
-    def _find_run(self, version_id: str, model: str, instance_ids: list[str]) -> str | None:
+    def _find_run(self, version_id: str, model: str, instance_ids: list[str], *,
+                  label: str | None = None) -> str | None:
+        """A finished run of this version, model and instances; with `label`, this evolution's own
+        run in whatever state."""
         for run in self.store.list_runs(limit=500):
             if (run.harness_version == version_id and run.model == model and run.instance_ids == instance_ids
-                    and run.status == "done"):
+                    and (run.label == label if label is not None else run.status == "done")):
                 return run.id
         return None
 
@@ -223,16 +244,44 @@ class Evolver:
         previous = [d.report.get("clusters", []) for d in self._past_diagnoses(evo)]
         only: list[str] | None = None
         if cfg.strategy == "per-instance":
-            only = self._next_failing_instance(evo, run_ids)
+            only = cur.get("only_instances") or self._next_failing_instance(evo, run_ids)
             if only is None:
                 return "", []
-        report = diagnosis.diagnose(self.store, run_ids, suite_loader=self.svc.suite,
+            cur["only_instances"] = only
+            self._save(evo)  # the instance is marked tried before a diagnosis of it can be stored
+        store, verdicts = self.store, None
+        if only is not None:
+            # Per-instance search sees one failing instance's feedback and repairs it, whatever a
+            # cross-instance view would say: that is the baseline's defining property.
+            store, verdicts = _OnlyInstances(self.store, set(only)), RepairEveryFailure()
+        report = diagnosis.diagnose(store, run_ids, suite_loader=self.svc.suite,
                                     role_backend=cfg.role_backend, smoke_model=self.svc.backend(cfg.models[0]),
                                     max_rounds=cfg.max_rounds, previous_clusters=previous,
-                                    only_instances=only, backend_factory=self.svc.backend)
+                                    backend_factory=self.svc.backend, verdicts=verdicts,
+                                    max_proposals=1 if only is not None else None)
         rec = diagnosis.store_report(self.store, report)
         evo.result.setdefault("diagnoses", []).append(rec.id)
         return rec.id, [p.id for p in self.store.list_proposals(diagnosis_id=rec.id)]
+
+    def _adopt_diagnosis(self, evo: EvolutionRecord, cur: dict[str, Any]) -> tuple[str, list[str]] | None:
+        """A diagnosis of this iteration's batch stored by a process that died before it could
+        save the cursor: taken as it is (its missing proposals saved from its report) rather than
+        diagnosed a second time, which would leave the first one's proposals pending forever."""
+        from ecdysis import diagnosis
+        run_ids = list(cur["train_runs"].values())
+        since = float(cur.get("diagnose_started", time.time()))
+        known = set(evo.result.get("diagnoses", []))
+        for rec in self.store.list_diagnoses(limit=50):
+            if rec.created_at < since or rec.run_ids != run_ids or rec.id in known:
+                continue
+            stored = {p.id for p in self.store.list_proposals(diagnosis_id=rec.id)}
+            report = diagnosis.DiagnosisReport.from_json(rec.report)
+            for proposal in report.proposals:
+                if proposal.id not in stored:
+                    self.store.save_proposal(proposal.to_record(rec.id, created_at=report.created_at))
+            evo.result.setdefault("diagnoses", []).append(rec.id)
+            return rec.id, [p.id for p in self.store.list_proposals(diagnosis_id=rec.id)]
+        return None
 
     def _past_diagnoses(self, evo: EvolutionRecord) -> list[DiagnosisRecord]:
         found = [self.store.get_diagnosis(i) for i in evo.result.get("diagnoses", [])]
@@ -251,6 +300,12 @@ class Evolver:
     def _gate(self, cfg: EvolveConfig, proposal_ids: list[str]) -> None:
         pending = [p for p in (self.store.get_proposal(i) for i in proposal_ids) if p and p.status == "pending"]
         for proposal in pending:
+            earlier = self.store.list_decisions(proposal.id)
+            if earlier:
+                # Decided, but the process died before the status was set (`decide` writes the
+                # decision, then the status): finish that write instead of deciding twice.
+                self.store.set_proposal_status(proposal.id, DECIDED_STATUS[earlier[-1].decision])
+                continue
             if cfg.auto_approve:
                 decide(self.store, proposal.id, "approve", who="auto-approve", reason="--auto-approve")
             elif self.reviewer is not None:
@@ -274,9 +329,11 @@ class Evolver:
         applied: list[dict[str, Any]] = []
         for pid in proposal_ids:
             proposal = self.store.get_proposal(pid)
-            if proposal is None or proposal.status not in ("approved", "edited"):
+            if proposal is None or proposal.status not in COMPOSABLE:
                 continue
-            chosen = approved_files(self.store, proposal) or {}
+            chosen = approved_files(self.store, proposal)
+            if chosen is None:
+                continue  # "applied" by hand outside this evolution, without an approval: not ours
             target = {**base.files, **chosen}
             patch = [FileDiff.from_json(d) for d in _diffs_between(base.files, target)]
             result = apply_diffs(files, patch)
@@ -288,7 +345,7 @@ class Evolver:
             applied.append({"proposal_id": pid, "applied": True, "cluster_id": proposal.cluster_id,
                             "operator": proposal.spec.get("operator"), "spec": proposal.spec,
                             "predicted": proposal.spec.get("expected_effect", ""),
-                            "edited": proposal.status == "edited"})
+                            "edited": _last_approval(self.store, pid) == "edit"})
         if not any(a["applied"] for a in applied) or harness_id(files) == base.id:
             return None, applied
         note = "; ".join(str(a.get("operator") or a["proposal_id"]) for a in applied if a["applied"])
@@ -308,8 +365,10 @@ class Evolver:
         instances = self._val_instances(evo, cfg, "validation", cfg.val_limit)
         parent = self.svc.harness(evo.current_version)
         candidate = self.svc.harness(cur["candidate"])
-        parent_runs = self._ensure_runs(cur, "val_parent_runs", parent, instances, cfg, budget, split="validation")
-        cand_runs = self._ensure_runs(cur, "val_candidate_runs", candidate, instances, cfg, budget, split="validation")
+        parent_runs = self._ensure_runs(cur, "val_parent_runs", parent, instances, cfg, budget, split="validation",
+                                        owner=evo.id)
+        cand_runs = self._ensure_runs(cur, "val_candidate_runs", candidate, instances, cfg, budget, split="validation",
+                                      owner=evo.id)
         verdict = cfg.policy().judge(self._outcomes(parent_runs), self._outcomes(cand_runs))
         cur["verdict"] = verdict.to_json()
 
@@ -346,8 +405,8 @@ class Evolver:
             "applied": len(applied),
             "rolled_back": bool(cur.get("candidate")) and not kept,
             "gate": verdict.reason if verdict else "no applicable proposal",
-            "model_calls": budget.calls - spent0["calls"],
-            "tokens": budget.tokens - spent0["tokens"],
+            "model_calls": self._spent()["calls"] - spent0["calls"],
+            "tokens": self._spent()["tokens"] - spent0["tokens"],
             "wall_seconds": round(time.time() - cur.get("started", time.time()), 2),
             "diagnosis_id": cur.get("diagnosis_id"),
         }
@@ -362,8 +421,8 @@ class Evolver:
         cur = evo.result["cursor"]
         final = self.svc.harness(evo.current_version)
         base = self.svc.harness(evo.base_version)
-        final_runs = self._ensure_runs(cur, "test_final_runs", final, instances, cfg, budget, split="test")
-        base_runs = self._ensure_runs(cur, "test_base_runs", base, instances, cfg, budget, split="test")
+        final_runs = self._ensure_runs(cur, "test_final_runs", final, instances, cfg, budget, split="test", owner=evo.id)
+        base_runs = self._ensure_runs(cur, "test_base_runs", base, instances, cfg, budget, split="test", owner=evo.id)
         evo.result.update(final_version=final.id, test_accuracy=self._accuracy(final_runs),
                           base_test_accuracy=self._accuracy(base_runs), test_instances=len(instances),
                           test_runs=final_runs)
@@ -380,6 +439,8 @@ class Evolver:
 
     def _save(self, evo: EvolutionRecord) -> None:
         evo.updated_at = time.time()
+        if getattr(self, "_budget", None) is not None:
+            evo.result["spent"] = self._spent()
         self.store.save_evolution(evo)
         self._current = evo
 
@@ -389,10 +450,39 @@ class Evolver:
             self._save(evo)
 
 
+class RepairEveryFailure:
+    """Verdict policy of the per-instance baseline: every failure it is shown is treated as a
+    harness-level problem to repair (there is no cross-instance evidence to say otherwise)."""
+
+    def judge(self, ev: Any, systematicity: float) -> tuple[str, str]:
+        return "harness-level", "per-instance search repairs the failure it was shown, without cross-instance evidence"
+
+
+class _OnlyInstances:
+    """A read view of the store that shows diagnosis only the given instances' results."""
+
+    def __init__(self, store: Any, instance_ids: set[str]) -> None:
+        self._store = store
+        self._only = instance_ids
+
+    def get_results(self, run_id: str) -> list[Any]:
+        return [r for r in self._store.get_results(run_id) if r.instance_id in self._only]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
 class _Waiting(Exception):
     def __init__(self, pending: list[str]) -> None:
         super().__init__(pending)
         self.pending = pending
+
+
+def _last_approval(store: Any, proposal_id: str) -> str | None:
+    """"approve" or "edit": the decision in force on an approved proposal (its status may since
+    have become "applied")."""
+    approvals = [d.decision for d in store.list_decisions(proposal_id) if d.decision in ("approve", "edit")]
+    return approvals[-1] if approvals else None
 
 
 def _diffs_between(old: dict[str, str], new: dict[str, str]) -> list[dict[str, Any]]:

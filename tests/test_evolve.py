@@ -252,3 +252,21 @@ def test_hostile_archives_are_refused_and_nothing_is_stored(store, data: bytes, 
         import_zip(store, data, origin="upload.zip")
     assert needle in str(exc.value)
     assert len(store.list_harnesses()) == before
+
+
+def test_per_instance_strategy_repairs_one_instance_at_a_time(world) -> None:
+    svc, suite, _ = world
+    evolver = Evolver(svc)
+    evo = evolver.run(evolver.create(config(suite, strategy="per-instance", iterations=2)).id)
+    assert evo.status == "done"
+    # the first repair fixes every instance of this world, so later batches may have nothing to try
+    assert 1 <= len(evo.result["tried_instances"]) <= 2
+    assert evo.iterations[0]["applied"] == 1
+    for row in evo.iterations:
+        if not row["diagnosis_id"]:
+            assert row["train_accuracy"] == 1.0  # no failing instance left to search on
+            continue
+        report = svc.get_diagnosis(row["diagnosis_id"]).report
+        assert row["proposals"] <= 1
+        instances = {i for c in report["clusters"] for i in c["instances"]}
+        assert len(instances) == 1, "per-instance feedback must come from one instance alone"
