@@ -249,16 +249,13 @@ class Evolver:
                 return "", []
             cur["only_instances"] = only
             self._save(evo)  # the instance is marked tried before a diagnosis of it can be stored
-        store, verdicts = self.store, None
-        if only is not None:
-            # Per-instance search sees one failing instance's feedback and repairs it, whatever a
-            # cross-instance view would say: that is the baseline's defining property.
-            store, verdicts = _OnlyInstances(self.store, set(only)), RepairEveryFailure()
-        report = diagnosis.diagnose(store, run_ids, suite_loader=self.svc.suite,
+        # Per-instance search sees one failing instance's feedback and repairs it, whatever a
+        # cross-instance view would say: that is the baseline's defining property.
+        report = diagnosis.diagnose(self.store, run_ids, suite_loader=self.svc.suite,
                                     role_backend=cfg.role_backend, smoke_model=self.svc.backend(cfg.models[0]),
                                     max_rounds=cfg.max_rounds, previous_clusters=previous,
-                                    backend_factory=self.svc.backend, verdicts=verdicts,
-                                    max_proposals=1 if only is not None else None)
+                                    backend_factory=self.svc.backend, limits=self.svc.limits(),
+                                    only_instances=only, max_proposals=1 if only is not None else None)
         rec = diagnosis.store_report(self.store, report)
         evo.result.setdefault("diagnoses", []).append(rec.id)
         return rec.id, [p.id for p in self.store.list_proposals(diagnosis_id=rec.id)]
@@ -448,28 +445,6 @@ class Evolver:
         evo = getattr(self, "_current", None)
         if evo is not None and evo.result.get("cursor") is cur:
             self._save(evo)
-
-
-class RepairEveryFailure:
-    """Verdict policy of the per-instance baseline: every failure it is shown is treated as a
-    harness-level problem to repair (there is no cross-instance evidence to say otherwise)."""
-
-    def judge(self, ev: Any, systematicity: float) -> tuple[str, str]:
-        return "harness-level", "per-instance search repairs the failure it was shown, without cross-instance evidence"
-
-
-class _OnlyInstances:
-    """A read view of the store that shows diagnosis only the given instances' results."""
-
-    def __init__(self, store: Any, instance_ids: set[str]) -> None:
-        self._store = store
-        self._only = instance_ids
-
-    def get_results(self, run_id: str) -> list[Any]:
-        return [r for r in self._store.get_results(run_id) if r.instance_id in self._only]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
 
 class _Waiting(Exception):

@@ -1,0 +1,305 @@
+"""The service-level entry of one diagnosis: stored runs -> typed failures -> clusters with verdicts
+-> refinement of each harness-level cluster in priority order -> a `DiagnosisReport`.
+
+`ecdysis diagnose RUN_ID ... [--json]` prints `report.to_json()` or `report.render_text()`. Runs
+and results are read through the `Store` protocol; nothing here writes to the store except the
+model-call cache (smoke runs and LLM roles go through the cached gateway).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from ecdysis.aggregate import (AgglomerativeTfidf, BatchContext, Cluster, ClusteringPolicy, ThresholdVerdicts,
+                               VerdictPolicy, aggregate, priority_value)
+from ecdysis.errors import InputError, NotFound
+from ecdysis.failures import Failure, extract_failures
+from ecdysis.models.base import ModelBackend
+from ecdysis.models.gateway import ModelGateway
+from ecdysis.records import InstanceResult, RunRecord, Suite
+from ecdysis.refine import CriticChecks, DataIndex, Proposal, RefineOutcome, Refiner, SmokeRunner
+from ecdysis.roles import make_role_backend
+from ecdysis.roles.base import CaseFile, Exemplar, RoleBackend, render_transcript
+from ecdysis.sandbox import SandboxLimits
+from ecdysis.store import DiagnosisRecord, HarnessVersion, Store
+
+Event = dict[str, Any]
+NO_PATCH = {
+    "model-specific": "no patch: the pattern is one model's quirk, and the harness is not bent to fit one model",
+    "noise": "no patch: the pattern is too small or too inconsistent to justify a harness change",
+}
+
+
+@dataclass
+class DiagnosisReport:
+    """Clusters (in priority order, each with its verdict and patch status) and proposals, with the
+    full role transcripts; plain data, so it can be stored and reloaded with `from_json`."""
+
+    id: str
+    run_ids: list[str]
+    harness_version: str
+    models: list[str]
+    suites: list[str]
+    role_backend: str
+    clusters: list[Cluster]
+    proposals: list[Proposal]
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)  # cluster id -> patch status
+    notes: list[str] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+
+    def proposal_for(self, cluster_id: str) -> Proposal | None:
+        return next((p for p in self.proposals if p.cluster_id == cluster_id), None)
+
+    def to_json(self) -> dict[str, Any]:
+        clusters = []
+        for rank, c in enumerate(self.clusters, start=1):
+            clusters.append({**c.to_json(), "priority": rank, "priority_value": priority_value(c),
+                             "patch": self.outcomes.get(c.id, {"proposal_id": None,
+                                                               "no_patch_reason": NO_PATCH.get(c.verdict)})})
+        return {"id": self.id, "run_ids": self.run_ids, "harness_version": self.harness_version,
+                "models": self.models, "suites": self.suites, "role_backend": self.role_backend,
+                "created_at": self.created_at, "notes": self.notes, "stats": self.stats,
+                "clusters": clusters, "proposals": [p.to_json() for p in self.proposals]}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> "DiagnosisReport":
+        return DiagnosisReport(
+            id=data["id"], run_ids=list(data["run_ids"]), harness_version=data["harness_version"],
+            models=list(data.get("models", [])), suites=list(data.get("suites", [])),
+            role_backend=data.get("role_backend", ""), clusters=[Cluster.from_json(c) for c in data["clusters"]],
+            proposals=[Proposal.from_json(p) for p in data["proposals"]],
+            outcomes={c["id"]: c["patch"] for c in data["clusters"] if "patch" in c},
+            notes=list(data.get("notes", [])), stats=dict(data.get("stats", {})),
+            created_at=float(data.get("created_at", 0.0)))
+
+    def to_record(self) -> DiagnosisRecord:
+        """The storable form (`Store.save_diagnosis`); proposals go separately via `Proposal.to_record`."""
+        return DiagnosisRecord(id=self.id, run_ids=list(self.run_ids), harness_version=self.harness_version,
+                               report=self.to_json(), created_at=self.created_at)
+
+    def render_text(self, *, transcripts: bool = True) -> str:
+        return _render(self, transcripts)
+
+
+# ---------------------------------------------------------------- loading the batch
+
+@dataclass
+class _Batch:
+    runs: list[RunRecord]
+    suites: dict[str, Suite]
+    results: list[tuple[str, InstanceResult]]
+    failures: list[Failure]
+    context: BatchContext
+    harness: HarnessVersion
+    notes: list[str]
+
+
+def _load(store: Store, run_ids: Sequence[str], suite_loader: Callable[[str], Suite],
+          only_instances: Sequence[str] | None = None) -> _Batch:
+    if not run_ids:
+        raise InputError("give at least one run id", hint="`ecdysis runs` lists stored runs")
+    runs: list[RunRecord] = []
+    for rid in dict.fromkeys(run_ids):
+        run = store.get_run(rid)
+        if run is None:
+            raise NotFound(f"no run {rid!r}", hint="`ecdysis runs` lists stored runs")
+        runs.append(run)
+    suites = {name: suite_loader(name) for name in sorted({r.suite for r in runs})}
+    notes: list[str] = []
+    results: list[tuple[str, InstanceResult]] = []
+    failures: list[Failure] = []
+    for run in runs:
+        got = store.get_results(run.id)
+        if not got:
+            notes.append(f"run {run.id} ({run.model}) has no stored results yet")
+        by_id = {i.id: i for i in suites[run.suite].instances}
+        results += [(run.suite, r) for r in got if r.instance_id in by_id]
+        failures += extract_failures(got, by_id, suite=run.suite, harness_version=run.harness_version)
+    if only_instances is not None:
+        keep = set(only_instances)
+        failures = [f for f in failures if f.instance_id in keep]
+        notes.append(f"per-instance mode: only the failures of {', '.join(sorted(keep))} are diagnosed, and "
+                     f"their verdicts do not gate the patch (the iterative per-instance search baseline)")
+    newest = max(runs, key=lambda r: (r.created_at, r.id))
+    if len({r.harness_version for r in runs}) > 1:
+        notes.append(f"the runs used different harness versions; proposals target the newest run's version "
+                     f"{newest.harness_version}")
+    harness = store.get_harness(newest.harness_version)
+    if harness is None:
+        raise NotFound(f"harness version {newest.harness_version!r} of run {newest.id} is not stored")
+    if len({r.model for r in runs}) < 2:
+        notes.append("only one model was run: verdicts rest on cross-instance and cross-category spread "
+                     "(cross-model evidence unavailable)")
+    return _Batch(runs, suites, results, failures, BatchContext.build(results, failures), harness, notes)
+
+
+def sanctioned_exemplars(batch_results: Sequence[tuple[str, InstanceResult]],
+                         suites: Mapping[str, Suite], failures: Sequence[Failure]) -> list[Exemplar]:
+    """Train instances that passed in every run of the batch that attempted them and failed in none."""
+    failed = {f.key for f in failures}
+    passed: dict[str, list[bool]] = defaultdict(list)
+    for suite, r in batch_results:
+        passed[f"{suite}/{r.instance_id}"].append(r.correct)
+    by_key = {f"{name}/{i.id}": i for name, s in suites.items() for i in s.instances}
+    out: list[Exemplar] = []
+    for key in sorted(passed):
+        inst = by_key.get(key)
+        if inst is None or inst.split != "train" or key in failed or not all(passed[key]):
+            continue
+        answer = inst.target
+        if inst.choices and inst.target in inst.choices:  # the form the harness is asked for: a letter
+            answer = chr(ord("A") + list(inst.choices).index(inst.target))
+        out.append(Exemplar(key=key, instance_id=inst.id, category=inst.category, input=inst.input,
+                            choices=inst.choices, answer=answer))
+    return out
+
+
+def _resolve_model(model: str | ModelBackend | None, fallback: str,
+                   factory: Callable[[str], ModelBackend] | None) -> ModelBackend:
+    if model is not None and not isinstance(model, str):
+        return model
+    from ecdysis.models.registry import get_backend
+    return (factory or get_backend)(model or fallback)
+
+
+# ---------------------------------------------------------------- the entry point
+
+def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[str], Suite],
+             role_backend: str | RoleBackend | ModelBackend = "heuristic",
+             smoke_model: str | ModelBackend | None = None,
+             max_rounds: int = 3, backend_factory: Callable[[str], ModelBackend] | None = None,
+             clustering: ClusteringPolicy | None = None, verdicts: VerdictPolicy | None = None,
+             previous_clusters: Sequence[Sequence[Cluster | Mapping[str, Any]]] = (),
+             current_files: Mapping[str, str] | None = None, limits: SandboxLimits | None = None,
+             max_proposals: int | None = None, only_instances: Sequence[str] | None = None,
+             events: Callable[[Event], None] | None = None) -> DiagnosisReport:
+    """Diagnose the failures of `run_ids` as one batch.
+
+    `role_backend` is "heuristic" (default, offline), a model name or model backend for the LLM
+    role backend, or a ready `RoleBackend`;
+    `smoke_model` runs the Critic's smoke check (default: the first run's model); `backend_factory`
+    resolves model names (default: the registry). `previous_clusters` (one list per earlier
+    iteration, as `Cluster`s or their JSON) feeds the prior-recurrence term of systematicity.
+    `current_files` is the harness the patches must apply to (default: the runs' version).
+    `only_instances` restricts the diagnosis to those instances' failures and refines every
+    cluster whatever its verdict: the per-instance search baseline the paper compares against.
+    Raises NotFound/InputError for unknown runs."""
+    emit = events or (lambda e: None)
+    started = time.perf_counter()
+    batch = _load(store, run_ids, suite_loader, only_instances)
+    previous = [[c if isinstance(c, Cluster) else Cluster.from_json(c) for c in iteration]
+                for iteration in previous_clusters]
+    clusters = aggregate(batch.failures, batch.context, clustering=clustering or AgglomerativeTfidf(),
+                         verdicts=verdicts or ThresholdVerdicts(), previous_clusters=previous)
+    cluster_s = time.perf_counter() - started
+    emit({"type": "clustered", "clusters": len(clusters), "failures": len(batch.failures)})
+    backend = make_role_backend(role_backend, store=store, backend_factory=backend_factory)
+    exemplars = sanctioned_exemplars(batch.results, batch.suites, batch.failures)
+    instances = {f"{name}/{i.id}": i for name, s in batch.suites.items() for i in s.instances}
+    index = DataIndex.build(instances, exemplars)
+    smoke = SmokeRunner(ModelGateway(_resolve_model(smoke_model, batch.runs[0].model, backend_factory), store),
+                        limits or SandboxLimits(timeout_s=60.0),
+                        scorers={name: s.scorer for name, s in batch.suites.items()})
+    checks = CriticChecks(index, smoke, dict(current_files or batch.harness.files))
+    refiner = Refiner(backend, checks, max_rounds=max_rounds, respect_verdicts=only_instances is None)
+    outcomes, proposals = _refine_all(clusters, batch, exemplars, refiner, max_proposals, emit)
+    report = DiagnosisReport(
+        id="d" + uuid.uuid4().hex[:11], run_ids=[r.id for r in batch.runs], harness_version=batch.harness.id,
+        models=sorted({r.model for r in batch.runs}), suites=sorted(batch.suites), role_backend=backend.name,
+        clusters=clusters, proposals=proposals, outcomes=outcomes, notes=batch.notes, created_at=time.time(),
+        stats={"results": len(batch.results), "failures": len(batch.failures), "clusters": len(clusters),
+               "harness_level": sum(c.verdict == "harness-level" for c in clusters),
+               "exemplars_available": len(exemplars), "cluster_seconds": round(cluster_s, 3),
+               "total_seconds": round(time.perf_counter() - started, 3)})
+    emit({"type": "diagnosed", "diagnosis_id": report.id, "proposals": len(proposals)})
+    return report
+
+
+def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exemplar], refiner: Refiner,
+                max_proposals: int | None, emit: Callable[[Event], None]
+                ) -> tuple[dict[str, dict[str, Any]], list[Proposal]]:
+    outcomes: dict[str, dict[str, Any]] = {}
+    proposals: list[Proposal] = []
+    taken: list[str] = []
+    for cluster in clusters:
+        if cluster.verdict != "harness-level" and refiner.respect_verdicts:
+            outcomes[cluster.id] = {"proposal_id": None, "no_patch_reason": NO_PATCH[cluster.verdict]}
+            continue
+        if max_proposals is not None and len(proposals) >= max_proposals:
+            why = f"not refined: the limit of {max_proposals} proposals was reached"
+            outcomes[cluster.id] = {"proposal_id": None, "no_patch_reason": why}
+            continue
+        emit({"type": "refining", "cluster_id": cluster.id})
+        case = CaseFile(cluster=cluster, files=dict(batch.harness.files), harness_version=batch.harness.id,
+                        batch=batch.context, exemplars=exemplars, taken_operators=list(taken))
+        outcome: RefineOutcome = refiner.refine(case)
+        entry: dict[str, Any] = {"proposal_id": None, "no_patch_reason": outcome.no_patch_reason}
+        if outcome.proposal is not None:
+            proposals.append(outcome.proposal)
+            entry = {"proposal_id": outcome.proposal.id, "status": outcome.proposal.status,
+                     "no_patch_reason": None if outcome.proposal.status == "accepted" else outcome.no_patch_reason}
+            if outcome.proposal.status == "accepted" and outcome.proposal.spec.operator:
+                taken.append(outcome.proposal.spec.operator)
+        else:
+            entry["transcript"] = [m.to_json() for m in outcome.transcript]
+        outcomes[cluster.id] = entry
+    return outcomes, proposals
+
+
+def store_report(store: Store, report: DiagnosisReport) -> DiagnosisRecord:
+    """Persist a report and its proposals (accepted ones as `pending` for the human gate, rejected
+    ones as `rejected`), returning the stored diagnosis record."""
+    record = report.to_record()
+    store.save_diagnosis(record)
+    for proposal in report.proposals:
+        store.save_proposal(proposal.to_record(report.id, created_at=report.created_at))
+    return record
+
+
+# ---------------------------------------------------------------- the readable report
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def _render(report: DiagnosisReport, transcripts: bool) -> str:
+    lines = [f"Diagnosis {report.id} over {len(report.run_ids)} run(s): {', '.join(report.run_ids)}",
+             f"models: {', '.join(report.models)}; suites: {', '.join(report.suites)}; harness "
+             f"{report.harness_version}; roles: {report.role_backend}",
+             f"{report.stats.get('failures', 0)} failures of {report.stats.get('results', 0)} results in "
+             f"{len(report.clusters)} clusters ({report.stats.get('harness_level', 0)} harness-level)"]
+    lines += [f"note: {n}" for n in report.notes]
+    lines += ["", "CLUSTERS (by priority)"]
+    for rank, c in enumerate(report.clusters, start=1):
+        outcome = report.outcomes.get(c.id, {})
+        patch = (f"proposal {outcome['proposal_id']} ({outcome.get('status')})" if outcome.get("proposal_id")
+                 else outcome.get("no_patch_reason") or NO_PATCH.get(c.verdict, ""))
+        lines += [f"{rank:>2}. {c.id} [{c.verdict}] systematicity {c.systematicity:.2f} — {c.label}",
+                  f"    {c.size} failures on {len(c.instances)} instances; categories: {_counts(c.categories)}; "
+                  f"models: {_counts(c.models)}",
+                  f"    why: {c.reason}", f"    patch: {patch}"]
+        lines += [f"    evidence: {e}" for e in c.evidence[:3]]
+    lines += ["", "PROPOSALS"] if report.proposals else ["", "PROPOSALS: none"]
+    for p in report.proposals:
+        lines += _render_proposal(p, transcripts)
+    return "\n".join(lines) + "\n"
+
+
+def _render_proposal(p: Proposal, transcripts: bool) -> list[str]:
+    s = p.spec
+    lines = [f"{p.id} for {p.cluster_id}: {p.status.upper()} after {p.rounds} round(s)"
+             + (f" — operator {s.operator}" if s.operator else ""),
+             f"  targets: {', '.join(s.target_files)}", f"  change: {s.change}", f"  root cause: {s.root_cause}",
+             f"  expected effect: {s.expected_effect}", f"  risk: {s.risk}", f"  scope: {s.scope}",
+             f"  outcome: {p.reason}"]
+    lines += [f"  check {c.name}: {'ok' if c.ok else 'FAILED'} — {c.detail}" for c in p.checks]
+    for d in p.diffs:
+        lines += ["  " + line for line in d.unified.rstrip("\n").splitlines()]
+    if transcripts:
+        lines += ["  transcript:"] + ["    " + line for line in render_transcript(p.transcript).splitlines()]
+    return lines + [""]

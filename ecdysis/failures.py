@@ -1,0 +1,276 @@
+"""Failure evidence: every failed instance of a run becomes one typed `Failure` with a short,
+informative excerpt and a normalised signature text; aggregation (`aggregate.py`) clusters these.
+
+The taxonomy is decided engine-side, where the target is known: the expected answer *shape*
+(choice, number, boolean, word list, text) comes from the instance, never from harness code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+from ecdysis.records import Instance, InstanceResult
+
+FailureType = Literal["exception", "timeout", "crash", "model_error", "empty_output", "truncated",
+                      "off_format", "invalid_choice", "wrong_answer"]
+FAILURE_TYPES: tuple[FailureType, ...] = ("exception", "timeout", "crash", "model_error", "empty_output",
+                                          "truncated", "off_format", "invalid_choice", "wrong_answer")
+FAILURE_TITLES: dict[str, str] = {
+    "exception": "harness exception", "timeout": "timeout", "crash": "harness process crash",
+    "model_error": "model call error", "empty_output": "empty answer", "truncated": "truncated reply",
+    "off_format": "off-format answer", "invalid_choice": "answer outside the choices",
+    "wrong_answer": "wrong answer",
+}
+AnswerShape = Literal["choice", "number", "boolean", "word_list", "text"]
+
+# The runner's error types, folded into the taxonomy: memory exhaustion kills the process like a
+# crash does, and a wrong return type is an exception in harness code.
+_ERROR_TO_TYPE: dict[str, FailureType] = {
+    "exception": "exception", "bad_output": "exception", "timeout": "timeout", "memory": "crash",
+    "crash": "crash", "model_error": "model_error",
+}
+_NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)?")
+_NUMBER_FULL = re.compile(r"\s*[-+]?\$?\d[\d,]*(?:\.\d+)?\s*\.?\s*")
+_BOOLEANS = {"true", "false", "yes", "no"}
+_WORD = re.compile(r"[A-Za-z]+")
+_TOKEN = re.compile(r"[A-Za-z]+|\d+")
+# How many leading tokens make a signature: the opening of a reply carries its form ("Sure! Here
+# is my answer:", "To solve this we"); later words are content, and with TF-IDF weighting a few
+# rare content words would outweigh the shared opening and split one pattern into many clusters.
+SIGNATURE_TOKENS = 6
+_FRAME = re.compile(r'File "[^"]*?([^/"]+\.py)", line (\d+), in (\w+)')
+EXCERPT_CHARS = 220
+RAW_CHARS = 800  # of the reply kept with a failure; the full trajectory stays with the run
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed instance under one model and harness version: the unit that gets clustered.
+
+    `excerpt` is what a human (or a role) reads first; `signature` is the normalised text that
+    text similarity works on (numbers and words copied from the task input are masked, so two
+    instances failing the same way look alike even though their questions differ)."""
+
+    run_id: str
+    suite: str
+    instance_id: str
+    category: str
+    split: str | None
+    model: str
+    harness_version: str
+    type: FailureType
+    excerpt: str
+    signature: str
+    answer: str | None
+    target: str
+    shape: AnswerShape
+    raw_output: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """Identifies the instance across models: the same question asked of two models."""
+        return f"{self.suite}/{self.instance_id}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> "Failure":
+        return Failure(**{k: data[k] for k in Failure.__dataclass_fields__ if k in data})
+
+
+def expected_shape(instance: Instance) -> AnswerShape:
+    """The form a correct answer takes, read off the instance (choices, then the target)."""
+    if instance.choices:
+        return "choice"
+    target = instance.target.strip()
+    if _NUMBER_FULL.fullmatch(target):
+        return "number"
+    if target.lower() in _BOOLEANS:
+        return "boolean"
+    words = target.replace(",", " ").split()
+    if len(words) >= 2 and all(_WORD.fullmatch(w) for w in words):
+        return "word_list"
+    return "text"
+
+
+def _letters(instance: Instance) -> list[str]:
+    return [chr(ord("A") + i) for i in range(len(instance.choices or ()))]
+
+
+def choice_index(answer: str, instance: Instance) -> int | None:
+    """Which option an answer names: a letter ('B', '(B)', 'B.'), the option text, or 'B. text'."""
+    text = answer.strip().strip(".").strip()
+    options = [c.strip().lower() for c in instance.choices or ()]
+    letter = re.fullmatch(r"\(?([A-Za-z])\)?[.):]?(?:\s+(.*))?", text)
+    if letter:
+        index = ord(letter.group(1).upper()) - ord("A")
+        rest = (letter.group(2) or "").strip().lower().strip(".")
+        if 0 <= index < len(options) and (not rest or rest == options[index]):
+            return index
+    lowered = text.lower()
+    return options.index(lowered) if lowered in options else None
+
+
+def conforms(answer: str, shape: AnswerShape, instance: Instance) -> bool:
+    """Is the answer in the expected form (whether or not it is right)?"""
+    text = answer.strip()
+    if shape == "choice":
+        return choice_index(text, instance) is not None
+    if shape == "number":
+        return bool(_NUMBER_FULL.fullmatch(text))
+    if shape == "boolean":
+        return text.lower().strip(".") in _BOOLEANS
+    if shape == "word_list":  # the same words, space-separated, in any order
+        words = text.split()
+        target_words = sorted(w.lower() for w in _WORD.findall(instance.target))
+        return all(w.isalpha() for w in words) and sorted(w.lower() for w in words) == target_words
+    # Free text: only an answer far longer than the target is off-format.
+    return len(text.split()) <= 3 * len(instance.target.split()) + 5
+
+
+def _shape_in_text(text: str, shape: AnswerShape, instance: Instance) -> bool:
+    """Does a well-formed answer appear anywhere in the reply (so extraction could have found it)?"""
+    if shape == "number":
+        return bool(_NUMBER.search(text))
+    if shape == "boolean":
+        return bool(re.search(r"\b(true|false|yes|no)\b", text, re.I))
+    if shape == "choice":
+        options = [c.lower() for c in instance.choices or ()]
+        letters = "".join(_letters(instance))
+        return bool(letters and re.search(rf"\(?\b[{letters}]\b\)?", text)) or any(o in text.lower() for o in options)
+    if shape == "word_list":
+        words = {w.lower() for w in _WORD.findall(instance.target)}
+        return bool(words) and words <= {w.lower() for w in _WORD.findall(text)}
+    return bool(text.strip())
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def normalise(text: str, input_text: str, limit: int = SIGNATURE_TOKENS) -> str:
+    """Signature text: the first `limit` lower-case tokens, with numbers -> `num`, a capital letter
+    standing alone (an option letter) -> `letter`, other single characters dropped, and each run
+    of words copied from the task input -> one `quoted` (they are the question's content, not the
+    failure's form; that the reply copies them is form)."""
+    content = {t.lower() for t in _TOKEN.findall(input_text)}
+    out: list[str] = []
+    for token in _TOKEN.findall(text):
+        if token.isdigit():
+            word = "num"
+        elif len(token) == 1:
+            if not token.isupper() or token == "I":  # "I" is the pronoun far more often than an option
+                continue
+            word = "letter"
+        elif token.lower() in content:
+            word = "quoted"
+        else:
+            word = token.lower()
+        if not (word == "quoted" and out and out[-1] == "quoted"):
+            out.append(word)
+    return " ".join(out[:limit])
+
+
+def _last_frame(trace: str) -> tuple[str, str, str] | None:
+    """The innermost frame in harness code (file, line, function) from a traceback."""
+    frames = [m for m in _FRAME.findall(trace) if m[0] != "harness_runtime.py"]
+    return frames[-1] if frames else None
+
+
+def classify(result: InstanceResult, instance: Instance) -> FailureType:
+    """The failure type of a failed result (a correct result is not a failure)."""
+    if result.error_type:
+        return _ERROR_TO_TYPE.get(result.error_type, "exception")
+    answer = (result.answer or "").strip()
+    shape = expected_shape(instance)
+    truncated = bool(result.calls) and result.calls[-1].finish_reason == "length"
+    if not answer:
+        return "truncated" if truncated else "empty_output"
+    if conforms(answer, shape, instance):
+        return "wrong_answer"
+    if truncated:
+        return "truncated"
+    if shape == "choice" and len(answer.split()) <= 3 and not _shape_in_text(answer, shape, instance):
+        return "invalid_choice"
+    return "off_format"
+
+
+def _error_evidence(result: InstanceResult, kind: FailureType) -> tuple[str, str, dict[str, Any]]:
+    message = (result.error_message or kind).strip().splitlines()
+    headline = message[-1] if message else kind
+    frame = _last_frame(result.stdout_tail)
+    where = f" at {frame[0]}:{frame[1]} in {frame[2]}()" if frame else ""
+    excerpt = f"{_clip(headline, 140)}{where}; {len(result.calls)} model call(s) made"
+    signature = normalise(f"{headline} in {frame[2]}" if frame else headline, "", limit=10) or kind
+    detail = {"error_type": result.error_type, "error_message": (result.error_message or "")[:500],
+              "location": list(frame) if frame else None}
+    return excerpt, signature, detail
+
+
+def _answer_evidence(result: InstanceResult, instance: Instance, kind: FailureType,
+                     shape: AnswerShape) -> tuple[str, str, dict[str, Any]]:
+    answer = (result.answer or "").strip()
+    raw = result.raw_output
+    last = result.calls[-1] if result.calls else None
+    recoverable = _shape_in_text(raw, shape, instance)
+    target_in_reply = bool(instance.target.strip()) and instance.target.strip().lower() in raw.lower()
+    detail: dict[str, Any] = {
+        "finish_reason": last.finish_reason if last else None,
+        "completion_tokens": last.completion_tokens if last else 0,
+        "max_tokens": int((last.request or {}).get("max_tokens", 0)) if last else 0,
+        "calls": len(result.calls), "shape_in_reply": recoverable, "target_in_reply": target_in_reply,
+        "answer_words": len(answer.split()),
+    }
+    if kind == "wrong_answer":
+        excerpt = f"answered {_clip(answer, 60)!r}, expected {_clip(instance.target, 60)!r}"
+    elif kind == "empty_output":
+        excerpt = f"empty answer from reply {_clip(raw, 100)!r}"
+    elif kind == "truncated":
+        excerpt = (f"reply cut at the token limit ({detail['completion_tokens']} tokens) before a "
+                   f"{shape} answer: …{_clip(raw[-90:], 90)!r}")
+    elif kind == "invalid_choice":
+        excerpt = f"answer {_clip(answer, 40)!r} is not one of the options {', '.join(_letters(instance))}"
+    else:
+        found = "none appears in the reply"
+        if recoverable:
+            found = "the reply does contain one" + (" (the right one)" if target_in_reply else "")
+        excerpt = f"answer {_clip(answer, 90)!r} is not a bare {shape}; {found}"
+    basis = raw if kind in ("empty_output", "truncated") else answer
+    signature = normalise(basis, instance.input) or "blank"
+    return excerpt[:EXCERPT_CHARS], signature, detail
+
+
+def to_failure(result: InstanceResult, instance: Instance, *, suite: str, harness_version: str) -> Failure:
+    kind = classify(result, instance)
+    shape = expected_shape(instance)
+    if kind in ("exception", "timeout", "crash", "model_error"):
+        excerpt, signature, detail = _error_evidence(result, kind)
+    else:
+        excerpt, signature, detail = _answer_evidence(result, instance, kind, shape)
+    return Failure(run_id=result.run_id, suite=suite, instance_id=result.instance_id, category=result.category,
+                   split=instance.split, model=result.model, harness_version=harness_version, type=kind,
+                   excerpt=excerpt, signature=signature, answer=result.answer, target=instance.target,
+                   shape=shape, raw_output=result.raw_output[:RAW_CHARS], detail=detail)
+
+
+def extract_failures(results: Sequence[InstanceResult], instances_by_id: Mapping[str, Instance],
+                     harness_files: Mapping[str, str] | None = None, *, suite: str = "",
+                     harness_version: str = "") -> list[Failure]:
+    """One `Failure` per incorrect result, in input order. Results whose instance is unknown are
+    skipped (a suite edited after the run cannot be scored honestly). `harness_files` is accepted
+    so a caller can pass the version the run used; the version id is derived from it if not given."""
+    if harness_files is not None and not harness_version:
+        from ecdysis.harness import harness_id
+        harness_version = harness_id(dict(harness_files))
+    failures: list[Failure] = []
+    for result in results:
+        instance = instances_by_id.get(result.instance_id)
+        if result.correct or instance is None:
+            continue
+        failures.append(to_failure(result, instance, suite=suite, harness_version=harness_version))
+    return failures

@@ -1,0 +1,429 @@
+"""Failure-Driven Collaborative Refinement: per harness-level cluster, Investigator -> Attributor ->
+Proposer <-> Critic for at most `max_rounds`, ending in an accepted or a rejected `Proposal`.
+
+Whatever the role backend says, the Critic's hard checks decide too: the patch applies cleanly to
+the current harness, the patched harness loads and answers a smoke run on one train instance, and
+no instance id, target answer or instance-specific text of the data appears in it.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+from ecdysis.diffs import ApplyResult, FileDiff, apply_diffs, diff_files
+from ecdysis.errors import BudgetExceeded, EcdysisError, InputError, ModelError
+from ecdysis.harness import validate_files
+from ecdysis.models.gateway import ModelGateway
+from ecdysis.records import CompletionRequest, Instance, ScorerSpec
+from ecdysis.roles.base import CaseFile, CheckResult, Draft, Exemplar, ModificationSpec, RoleBackend, RoleMessage
+from ecdysis.roles.operators import OPERATORS, ProposalError, materialize
+from ecdysis.sandbox import SandboxLimits, WorkerPool
+from ecdysis.store import ProposalRecord
+
+ProposalStatus = Literal["accepted", "rejected"]
+ENGINE = "engine"
+# Answers so common that finding one in code says nothing about a particular instance.
+GENERIC_ANSWERS = {"true", "false", "yes", "no", "none", ""}
+_TOKEN = re.compile(r"[a-z0-9]+")
+_STRING_LITERAL = re.compile(r"(?P<q>['\"])(?P<body>(?:\\.|(?!(?P=q)).)*)(?P=q)")
+
+
+# ---------------------------------------------------------------- the proposal record
+
+@dataclass
+class Proposal:
+    """A harness modification: its spec, a diff per changed file against `base_harness`, the checks
+    it passed or failed, and the full role-by-role transcript that produced it."""
+
+    id: str
+    cluster_id: str
+    status: ProposalStatus
+    spec: ModificationSpec
+    diffs: list[FileDiff]
+    base_harness: str
+    rounds: int
+    checks: list[CheckResult]
+    objections: list[str]
+    transcript: list[RoleMessage]
+    reason: str
+
+    @property
+    def files(self) -> dict[str, str]:
+        """Full new text of every changed (or added) file."""
+        return {d.path: d.new for d in self.diffs if d.new is not None}
+
+    def apply_to(self, files: Mapping[str, str]) -> ApplyResult:
+        return apply_diffs(files, self.diffs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "cluster_id": self.cluster_id, "status": self.status, "reason": self.reason,
+                "spec": self.spec.to_json(), "base_harness": self.base_harness, "rounds": self.rounds,
+                "diffs": [d.to_json() for d in self.diffs], "checks": [c.to_json() for c in self.checks],
+                "objections": list(self.objections), "transcript": [m.to_json() for m in self.transcript]}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> "Proposal":
+        return Proposal(
+            id=data["id"], cluster_id=data["cluster_id"], status=data["status"],
+            spec=ModificationSpec.from_json(data["spec"]), diffs=[FileDiff.from_json(d) for d in data["diffs"]],
+            base_harness=data["base_harness"], rounds=int(data["rounds"]),
+            checks=[CheckResult(**c) for c in data.get("checks", [])], objections=list(data.get("objections", [])),
+            transcript=[RoleMessage.from_json(m) for m in data.get("transcript", [])], reason=data.get("reason", ""))
+
+    def to_record(self, diagnosis_id: str, created_at: float = 0.0) -> ProposalRecord:
+        """The storable form (`Store.save_proposal`); rejected proposals are stored as rejected."""
+        return ProposalRecord(
+            id=self.id, diagnosis_id=diagnosis_id, cluster_id=self.cluster_id, harness_version=self.base_harness,
+            spec=self.spec.to_json(), files=self.files,
+            status="pending" if self.status == "accepted" else "rejected",
+            data={k: v for k, v in self.to_json().items() if k in ("diffs", "checks", "objections",
+                                                                  "transcript", "reason", "rounds", "status")},
+            created_at=created_at)
+
+
+@dataclass
+class RefineOutcome:
+    """What refinement of one cluster produced: a proposal, or the reason there is none."""
+
+    cluster_id: str
+    proposal: Proposal | None
+    transcript: list[RoleMessage]
+    no_patch_reason: str | None = None
+
+
+# ---------------------------------------------------------------- the data the leakage check guards
+
+def _tokens(text: str) -> list[str]:
+    return _TOKEN.findall(text.lower())
+
+
+def _shingles(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:
+    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+
+
+@dataclass
+class DataIndex:
+    """Every instance of the batch's suites (train, validation and test alike), which passing train
+    instances are sanctioned exemplars, and the input shingles that occur in exactly one instance
+    (text shared by a template is not instance-specific)."""
+
+    instances: dict[str, Instance]
+    exemplars: dict[str, Exemplar]
+    specific: dict[tuple[str, ...], str]
+    ids: re.Pattern[str] | None
+    shingle: int
+
+    @staticmethod
+    def build(instances: Mapping[str, Instance], exemplars: Sequence[Exemplar], shingle: int = 6) -> "DataIndex":
+        owners: dict[tuple[str, ...], set[str]] = {}
+        for key, inst in instances.items():
+            for s in _shingles(_tokens(inst.input), shingle):
+                owners.setdefault(s, set()).add(key)
+        specific = {s: next(iter(keys)) for s, keys in owners.items() if len(keys) == 1}
+        ids = sorted({i.id for i in instances.values() if len(i.id) >= 4}, key=len, reverse=True)
+        pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, ids)) + r")(?![\w-])") if ids else None
+        return DataIndex(dict(instances), {e.key: e for e in exemplars}, specific, pattern, shingle)
+
+
+def _distinctive(target: str) -> bool:
+    """A target specific enough that finding it in a patch means the answer was copied in."""
+    text = target.strip().lower()
+    return text not in GENERIC_ANSWERS and len(text) >= 2 and not re.fullmatch(r"[a-z]", text)
+
+
+@dataclass(frozen=True)
+class LeakageCheck:
+    """No instance data in the lines a patch adds. Decided as follows:
+
+    - an instance id (any split) anywhere: leak;
+    - a run of `shingle` tokens that occurs in exactly one instance's input: leak, unless that
+      instance is a declared exemplar of the spec and a sanctioned one (a train instance that
+      passed in every run of the batch and failed in none);
+    - a target answer: in harness code, a string literal equal to a distinctive target (not
+      True/False/yes/no or a single character) of any non-exemplar instance; in any file, a
+      multi-word or long distinctive target; and any target, however short, on the same line as
+      text specific to that instance anywhere in the patch (`if <question> in input: return <answer>`);
+    - a declared exemplar that is not sanctioned (failing, or not a passing train instance): leak.
+    Exemplars quoted by the few-shot operator are therefore allowed, and only those: a line that
+    quotes a sanctioned exemplar is checked for instance ids only (its options may coincide with
+    another instance's answer, which is the exemplar's own data)."""
+
+    def check(self, diffs: Sequence[FileDiff], spec: ModificationSpec, index: DataIndex) -> CheckResult:
+        problems = self.problems(diffs, spec, index)
+        if problems:
+            return CheckResult("leakage", False, "leaks task data: " + "; ".join(problems[:4]))
+        return CheckResult("leakage", True, "no instance id, target or instance-specific text in the patch"
+                           + (f" (quotes {len(spec.exemplars)} sanctioned exemplars)" if spec.exemplars else ""))
+
+    def problems(self, diffs: Sequence[FileDiff], spec: ModificationSpec, index: DataIndex) -> list[str]:
+        declared = set(spec.exemplars)
+        found = [f"declares {key} as an exemplar, but it is not a passing train instance"
+                 for key in sorted(declared) if key not in index.exemplars]
+        allowed = declared & set(index.exemplars)
+        added = [(d.path, line) for d in diffs for line in d.added_lines()]
+        for path, line in added:
+            found += self._line(line, path, allowed, self._quotes_exemplar(line, allowed, index), index)
+        found += self._quoted(added, allowed, index)
+        return list(dict.fromkeys(found))
+
+    @staticmethod
+    def _quoted(added: Sequence[tuple[str, str]], allowed: set[str], index: DataIndex) -> list[str]:
+        """Instances whose specific text the patch quotes; with their target too, a hard-coded answer."""
+        owners = {index.specific[s] for _, line in added for s in _shingles(_tokens(line), index.shingle)
+                  if s in index.specific}
+        text = "\n".join(line for _, line in added).lower()
+        out: list[str] = []
+        for key in sorted(owners - allowed):
+            inst = index.instances[key]
+            target = inst.target.strip().lower()
+            if target and re.search(rf"(?<![\w/]){re.escape(target)}(?![\w/])", text):
+                out.append(f"hard-codes the answer {inst.target!r} of instance {inst.id} (quotes its question "
+                           f"and its answer)")
+            else:
+                out.append(f"quotes text specific to instance {inst.id} (not a sanctioned exemplar)")
+        return out
+
+    @staticmethod
+    def _quotes_exemplar(line: str, allowed: set[str], index: DataIndex) -> bool:
+        return any(index.specific.get(s) in allowed for s in _shingles(_tokens(line), index.shingle))
+
+    @staticmethod
+    def _line(line: str, path: str, allowed: set[str], exemplar_line: bool, index: DataIndex) -> list[str]:
+        out: list[str] = []
+        if index.ids is not None:
+            out += [f"names instance id {m}" for m in index.ids.findall(line)]
+        if exemplar_line:
+            # The line quotes a sanctioned exemplar (its question, options and answer); an option
+            # that happens to equal another instance's answer is the exemplar's data, not a leak.
+            return out
+        literals = ({m.group("body").strip().lower() for m in _STRING_LITERAL.finditer(line)}
+                    if path.endswith(".py") else set())
+        lowered = f" {line.lower()} "
+        for key, inst in index.instances.items():
+            target = inst.target.strip().lower()
+            if key in allowed or not _distinctive(target):
+                continue
+            if target in literals:
+                out.append(f"hard-codes the target answer {inst.target!r} of instance {inst.id}")
+            elif (" " in target or len(target) >= 8) and re.search(rf"(?<!\w){re.escape(target)}(?!\w)", lowered):
+                out.append(f"contains the target answer {inst.target!r} of instance {inst.id}")
+        return out
+
+
+# ---------------------------------------------------------------- smoke run and the hard checks
+
+@dataclass
+class SmokeRunner:
+    """Runs a patched harness on one instance in the sandbox, with a real model through the
+    gateway (cached, so a repeated smoke run is free)."""
+
+    gateway: ModelGateway
+    limits: SandboxLimits = field(default_factory=lambda: SandboxLimits(timeout_s=60.0))
+    scorers: dict[str, ScorerSpec] = field(default_factory=dict)  # suite name -> scorer
+
+    def run(self, files: dict[str, str], instance: Instance, suite: str = "") -> CheckResult:
+        errors: list[str] = []
+        calls = [0]
+
+        def on_generate(req: dict[str, Any]) -> dict[str, Any]:
+            calls[0] += 1
+            try:
+                request = CompletionRequest.make(list(req.get("messages") or []),
+                                                 temperature=req.get("temperature", 0.0),
+                                                 max_tokens=min(int(req.get("max_tokens", 256)), 4096),
+                                                 stop=req.get("stop"), seed=req.get("seed", 0))
+                done = self.gateway.complete(request)
+            except (ModelError, BudgetExceeded, KeyError, TypeError, ValueError) as exc:
+                errors.append(str(exc))
+                return {"op": "model_error", "message": str(exc)}
+            return {"op": "completion", "text": done.text, "finish_reason": done.finish_reason,
+                    "prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens}
+
+        pool = WorkerPool(files, self.limits)
+        try:
+            outcome = pool.solve(instance.task_view(), on_generate)
+        finally:
+            pool.close()
+        if outcome.error_type or outcome.answer is None:
+            why = errors[-1] if errors else outcome.error_message
+            return CheckResult("loads", False, f"the patched harness fails its smoke run on train instance "
+                                               f"{instance.id}: {outcome.error_type}: {why}")
+        verdict = self._score(outcome.answer, instance, self.scorers.get(suite))
+        return CheckResult("loads", True, f"loads and answers the smoke run on {instance.id} with "
+                                          f"{outcome.answer[:60]!r} in {calls[0]} model call(s){verdict}")
+
+    @staticmethod
+    def _score(answer: str, instance: Instance, scorer: ScorerSpec | None) -> str:
+        """Informational only: gating on one instance's correctness would fit the patch to it."""
+        if scorer is None:
+            return ""
+        try:
+            from ecdysis.suites.scorers import score
+            return " (correct)" if score(answer, instance, scorer) else " (not correct)"
+        except (EcdysisError, ImportError):
+            return ""
+
+
+@dataclass
+class CriticChecks:
+    """The hard checks every draft goes through, whichever backend plays the Critic."""
+
+    index: DataIndex
+    smoke: SmokeRunner
+    current_files: dict[str, str]
+    leakage: LeakageCheck = field(default_factory=LeakageCheck)
+
+    def run(self, case: CaseFile, draft: Draft) -> tuple[list[CheckResult], list[FileDiff]]:
+        diffs = diff_files(case.files, draft.files)
+        results = [self._novel(case, draft, diffs), self._applies(diffs, draft)]
+        try:
+            validate_files(draft.files)
+        except InputError as exc:
+            results.append(CheckResult("loads", False, f"the patched harness does not load: {exc}"))
+        else:
+            key = self._smoke_key(case)
+            results.append(self.smoke.run(draft.files, self.index.instances[key], key.split("/", 1)[0]))
+        results.append(self.leakage.check(diffs, draft.spec, self.index))
+        return results, diffs
+
+    @staticmethod
+    def _novel(case: CaseFile, draft: Draft, diffs: Sequence[FileDiff]) -> CheckResult:
+        name = draft.spec.operator
+        if not diffs:
+            return CheckResult("novel", False, "the patch changes nothing")
+        if name and name in OPERATORS and OPERATORS[name].present(case.files):
+            return CheckResult("novel", False, f"operator {name} is already present in the harness; "
+                                               f"propose a different repair")
+        return CheckResult("novel", True, f"changes {', '.join(d.path for d in diffs)}")
+
+    def _applies(self, diffs: list[FileDiff], draft: Draft) -> CheckResult:
+        result = apply_diffs(self.current_files, diffs)
+        if not result.ok:
+            return CheckResult("applies", False, "the patch does not apply cleanly to the current harness: "
+                                                 + "; ".join(result.failures))
+        changed = [d.path for d in diffs]
+        if any((result.files or {}).get(p) != draft.files.get(p) for p in changed):
+            return CheckResult("applies", False, "the patch applies but does not reproduce the proposed files")
+        hunks = sum(len(v) for v in result.hunk_flags.values())
+        return CheckResult("applies", True, f"all {hunks} hunk(s) apply cleanly to the current harness")
+
+    def _smoke_key(self, case: CaseFile) -> str:
+        """A failing train instance of the cluster if there is one, else any train instance."""
+        for key in case.cluster.instance_keys:
+            inst = self.index.instances.get(key)
+            if inst is not None and inst.split == "train":
+                return key
+        train = sorted(k for k, i in self.index.instances.items() if i.split == "train")
+        return (train or sorted(self.index.instances))[0]
+
+
+# ---------------------------------------------------------------- the loop
+
+def _check_message(round: int, checks: Sequence[CheckResult]) -> RoleMessage:
+    text = "; ".join(f"{c.name}: {'ok' if c.ok else 'FAILED'} — {c.detail}" for c in checks)
+    return RoleMessage(round=round, role="critic", kind="check", backend=ENGINE, text=text,
+                       data={"checks": [c.to_json() for c in checks]})
+
+
+@dataclass
+class _Attempt:
+    """One round's checked draft and the objections it drew."""
+
+    draft: Draft
+    diffs: list[FileDiff]
+    objections: list[str]
+    round: int
+
+
+@dataclass
+class Refiner:
+    """Runs the four roles on one case file. `max_rounds` bounds Proposer <-> Critic exchanges.
+    With `respect_verdicts` off (the per-instance baseline), the Attributor cannot veto a patch."""
+
+    backend: RoleBackend
+    checks: CriticChecks
+    max_rounds: int = 3
+    respect_verdicts: bool = True
+
+    def refine(self, case: CaseFile) -> RefineOutcome:
+        log: list[RoleMessage] = []
+        veto = self._diagnose(case, log)
+        if veto is not None:
+            return veto
+        last: _Attempt | None = None
+        for number in range(1, max(1, self.max_rounds) + 1):
+            step = self._round(case, number, log, last)
+            if isinstance(step, RefineOutcome):
+                return step
+            last = step or last
+        return self._finish(case, log, last, f"not accepted within {self.max_rounds} round(s)")
+
+    def _diagnose(self, case: CaseFile, log: list[RoleMessage]) -> RefineOutcome | None:
+        """Investigator then Attributor (round 1); an outcome only when the Attributor vetoes."""
+        turn = self.backend.run("investigator", case, 1)
+        log += turn.messages
+        case.investigation = turn.output
+        turn = self.backend.run("attributor", case, 1)
+        log += turn.messages
+        case.attribution = turn.output
+        if turn.output["verdict"] == "harness-level" or not self.respect_verdicts:
+            return None
+        # A role may veto a patch; it cannot promote a cluster aggregation did not call harness-level.
+        return RefineOutcome(case.cluster.id, None, log, f"the Attributor judged it {turn.output['verdict']}: "
+                                                         f"{turn.output['reason']}")
+
+    def _round(self, case: CaseFile, number: int, log: list[RoleMessage],
+               last: _Attempt | None) -> RefineOutcome | _Attempt | None:
+        """One Proposer -> hard checks -> Critic exchange: an outcome when the refinement ends here,
+        the rejected attempt when the next round must answer its objections, None for no draft."""
+        turn = self.backend.run("proposer", case, number)
+        log += turn.messages
+        if turn.output.get("give_up"):
+            return self._finish(case, log, last, str(turn.output["give_up"]))
+        try:
+            draft = materialize(turn.output, case)
+        except (ProposalError, InputError) as exc:
+            objection = f"the proposal cannot be turned into files: {exc}"
+            log.append(RoleMessage(number, "critic", "check", ENGINE, objection))
+            self._next_round(case, [objection], turn.output.get("operator"))
+            return None
+        draft.checks, diffs = self.checks.run(case, draft)
+        log.append(_check_message(number, draft.checks))
+        case.draft = draft
+        turn = self.backend.run("critic", case, number)
+        log += turn.messages
+        hard_ok = all(c.ok for c in draft.checks)
+        if turn.output["decision"] == "accept" and hard_ok:
+            proposal = self._proposal(case, _Attempt(draft, diffs, [], number), "accepted", log,
+                                      "accepted by the Critic; every hard check passed")
+            return RefineOutcome(case.cluster.id, proposal, log)
+        objections = list(turn.output.get("objections") or [])
+        objections += [c.detail for c in draft.checks if not c.ok and c.detail not in objections]
+        if turn.output["decision"] == "accept":
+            log.append(RoleMessage(number, "critic", "check", ENGINE,
+                                   "The Critic accepted, but hard checks failed, so the proposal is not accepted."))
+        self._next_round(case, objections, draft.spec.operator)
+        return _Attempt(draft, diffs, objections, number)
+
+    @staticmethod
+    def _next_round(case: CaseFile, objections: list[str], operator: Any) -> None:
+        case.objections = objections
+        if operator:
+            case.tried_operators.append(str(operator))
+
+    def _finish(self, case: CaseFile, log: list[RoleMessage], last: _Attempt | None, why: str) -> RefineOutcome:
+        if last is None:
+            return RefineOutcome(case.cluster.id, None, log, f"no patch: {why}")
+        reason = f"rejected by the Critic ({why}): " + "; ".join(last.objections)
+        return RefineOutcome(case.cluster.id, self._proposal(case, last, "rejected", log, reason), log, reason)
+
+    @staticmethod
+    def _proposal(case: CaseFile, attempt: _Attempt, status: ProposalStatus, log: list[RoleMessage],
+                  reason: str) -> Proposal:
+        return Proposal(id="p" + uuid.uuid4().hex[:10], cluster_id=case.cluster.id, status=status,
+                        spec=attempt.draft.spec, diffs=attempt.diffs, base_harness=case.harness_version,
+                        rounds=attempt.round, checks=list(attempt.draft.checks), objections=attempt.objections,
+                        transcript=list(log), reason=reason)

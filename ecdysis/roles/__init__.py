@@ -1,0 +1,29 @@
+"""The roles of Failure-Driven Collaborative Refinement (Investigator, Attributor, Proposer,
+Critic) behind one `RoleBackend` seam, with a heuristic and an LLM backend."""
+
+from __future__ import annotations
+
+from typing import Callable, cast
+
+from ecdysis.models.base import ModelBackend
+from ecdysis.roles.base import ROLES, CaseFile, RoleBackend, RoleMessage, RoleTurn
+from ecdysis.roles.heuristic import HeuristicRoleBackend
+from ecdysis.store import Store
+
+__all__ = ["ROLES", "CaseFile", "HeuristicRoleBackend", "RoleBackend", "RoleMessage", "RoleTurn",
+           "make_role_backend"]
+
+
+def make_role_backend(spec: str | RoleBackend | ModelBackend, *, store: Store | None = None,
+                      backend_factory: Callable[[str], ModelBackend] | None = None) -> RoleBackend:
+    """`"heuristic"`, a model name (any name the model registry knows), a model backend (played
+    by the LLM role backend), or a ready role backend."""
+    from ecdysis.roles.llm import LLMRoleBackend
+    if isinstance(spec, str):
+        if spec in ("", "heuristic"):
+            return HeuristicRoleBackend()
+        from ecdysis.models.registry import get_backend
+        return LLMRoleBackend((backend_factory or get_backend)(spec), store=store)
+    if hasattr(spec, "complete"):  # a model backend: the LLM role backend plays the roles on it
+        return LLMRoleBackend(cast(ModelBackend, spec), store=store)
+    return cast(RoleBackend, spec)

@@ -1,0 +1,187 @@
+"""The LLM role backend: each role is a small class (prompt template, input rendering, output
+extraction and validation) run on any configured model through the cached `ModelGateway`.
+
+A reply is parsed tolerantly (the first JSON object anywhere in it), validated against the role's
+schema (and, for the Proposer, checked to turn into files); a bad reply gets one repair request,
+and if that fails too the heuristic backend answers for that role. The transcript records it all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ecdysis.errors import ModelError
+from ecdysis.models.base import ModelBackend
+from ecdysis.models.gateway import ModelGateway
+from ecdysis.records import CompletionRequest
+from ecdysis.roles.base import SCHEMAS, CaseFile, RoleMessage, RoleName, RoleTurn, render_output, schema_errors
+from ecdysis.roles.heuristic import HeuristicRoleBackend
+from ecdysis.roles.operators import OPERATORS, ProposalError, materialize
+from ecdysis.store import Store
+
+FILE_CHARS = 6000  # per harness file in a prompt: enough for the starter and a few operators
+
+
+def extract_json(text: str) -> Any | None:
+    """The first JSON object in `text` (code fences and chatter around it are ignored)."""
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start != -1:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            start = text.find("{", start + 1)
+            continue
+        if isinstance(value, dict):
+            return value
+        start = text.find("{", start + 1)
+    return None
+
+
+def _cluster_text(case: CaseFile) -> str:
+    c = case.cluster
+    rates = "; ".join(f"{m}: {r.hit}/{r.ran} instances it ran" for m, r in sorted(c.rates.items()))
+    lines = [f"Cluster {c.id}: {c.label}", f"failure type: {c.type}; {c.size} failures on "
+             f"{len(c.instances)} instances", f"categories: {c.categories}", f"models: {c.models} ({rates})",
+             f"systematicity: {c.systematicity} (components {c.components})",
+             f"aggregation verdict: {c.verdict} — {c.reason}", "evidence:"]
+    return "\n".join(lines + [f"- {e}" for e in c.evidence])
+
+
+def _files_text(files: dict[str, str], limit: int) -> str:
+    parts = []
+    for path in sorted(files):
+        text = files[path]
+        clipped = text if len(text) <= limit else text[:limit] + "\n…(clipped)"
+        parts.append(f"=== {path} ===\n{clipped}")
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class RolePrompt:
+    """One role: what it is asked, which inputs it gets, how its reply is validated."""
+
+    role: RoleName
+    duty: str
+    inputs: tuple[str, ...]
+
+    def system(self) -> str:
+        schema = json.dumps(SCHEMAS[self.role], ensure_ascii=False)
+        return (f"You are the {self.role.capitalize()} in Ecdysis, which repairs the runtime harness of an "
+                f"LLM agent from clusters of failures. {self.duty}\nReply with ONE JSON object, nothing else, "
+                f"matching this JSON schema:\n{schema}")
+
+    def user(self, case: CaseFile, file_chars: int = FILE_CHARS) -> str:
+        sections = {
+            "cluster": lambda: _cluster_text(case),
+            "harness": lambda: (f"Harness files (version {case.harness_version}):\n"
+                                f"{_files_text(case.files, file_chars)}"),
+            "investigation": lambda: f"Investigator said: {json.dumps(case.investigation, ensure_ascii=False)}",
+            "attribution": lambda: f"Attributor said: {json.dumps(case.attribution, ensure_ascii=False)}",
+            "catalogue": lambda: "Catalogue operators you may name instead of writing edits: "
+                                 + "; ".join(f"{n} ({op.title})" for n, op in OPERATORS.items()),
+            "objections": lambda: ("Critic objections to answer this round:\n" + "\n".join(
+                f"- {o}" for o in case.objections)) if case.objections else "No objections yet.",
+            "draft": lambda: self._draft_text(case),
+        }
+        return "\n\n".join(sections[name]() for name in self.inputs)
+
+    @staticmethod
+    def _draft_text(case: CaseFile) -> str:
+        if case.draft is None:
+            return "No draft."
+        from ecdysis.diffs import diff_files
+        diff = "".join(d.unified for d in diff_files(case.files, case.draft.files))
+        checks = "\n".join(f"- {c.name}: {'ok' if c.ok else 'FAILED'} — {c.detail}" for c in case.draft.checks)
+        return (f"Proposed spec: {json.dumps(case.draft.spec.to_json(), ensure_ascii=False)}\n"
+                f"Patch:\n{diff}\nHard checks:\n{checks}")
+
+    def messages(self, case: CaseFile, file_chars: int = FILE_CHARS) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system()},
+                {"role": "user", "content": self.user(case, file_chars)}]
+
+    def parse(self, text: str, case: CaseFile) -> tuple[dict[str, Any] | None, list[str]]:
+        """The validated output, or None and every reason it is unusable."""
+        value = extract_json(text)
+        if value is None:
+            return None, ["the reply contains no JSON object"]
+        errors = schema_errors(self.role, value)
+        if errors:
+            return None, errors
+        if self.role == "proposer" and not value.get("give_up"):
+            try:
+                materialize(value, case)
+            except (ProposalError, ValueError, KeyError) as exc:
+                return None, [f"the proposal cannot be applied: {exc}"]
+        return value, []
+
+
+PROMPTS: dict[str, RolePrompt] = {p.role: p for p in (
+    RolePrompt("investigator", "Find the root cause of the cluster in the harness source: which file and "
+               "function, and why, citing the evidence.", ("cluster", "harness")),
+    RolePrompt("attributor", "Decide whether the cluster is a harness-level deficiency, a model-specific "
+               "quirk or noise, citing cross-instance and cross-model evidence (counts).",
+               ("cluster", "investigation")),
+    RolePrompt("proposer", "Write a harness modification specification and the change itself: name a "
+               "catalogue operator, or give exact find/replace edits. The change must be general: never "
+               "mention an instance, its id, its text or its answer. Answer every objection in `replies`.",
+               ("cluster", "investigation", "attribution", "catalogue", "objections", "harness")),
+    RolePrompt("critic", "Review the proposal for generality, leakage of task data, regressions and whether it "
+               "addresses the root cause. Accept it, or list concrete objections the Proposer must answer.",
+               ("cluster", "investigation", "draft")),
+)}
+
+
+class LLMRoleBackend:
+    """Roles played by a model; see the module docstring. Never raises for a bad reply."""
+
+    def __init__(self, backend: ModelBackend, *, store: Store | None = None, max_tokens: int = 1024,
+                 file_chars: int = FILE_CHARS, fallback: HeuristicRoleBackend | None = None) -> None:
+        self.gateway = ModelGateway(backend, store)
+        self.max_tokens = max_tokens
+        self.file_chars = file_chars  # small local models read prompts slowly: keep them short there
+        self.fallback = fallback or HeuristicRoleBackend()
+        self.name = f"llm:{backend.model_id}"
+
+    def run(self, role: RoleName, case: CaseFile, round: int) -> RoleTurn:
+        prompt = PROMPTS[role]
+        messages = prompt.messages(case, self.file_chars)
+        log = [self._msg(round, role, "prompt", messages[-1]["content"])]
+        errors: list[str] = []
+        for attempt in range(2):
+            try:
+                reply = self.gateway.complete(CompletionRequest.make(messages, max_tokens=self.max_tokens))
+            except ModelError as exc:
+                errors = [f"model call failed: {exc}"]
+                break
+            log.append(self._msg(round, role, "reply", reply.text))
+            output, errors = prompt.parse(reply.text, case)
+            if output is not None:
+                log.append(RoleMessage(round, role, "output", self.name, render_output(role, output), output))
+                return RoleTurn(output, log)
+            if attempt == 0:
+                repair = self._repair_request(errors)
+                messages = messages + [{"role": "assistant", "content": reply.text},
+                                       {"role": "user", "content": repair}]
+                log.append(self._msg(round, role, "repair", repair))
+        return self._fall_back(role, case, round, log, errors)
+
+    @staticmethod
+    def _repair_request(errors: Sequence[str]) -> str:
+        return ("Your reply could not be used: " + "; ".join(errors[:5])
+                + ". Reply again with ONE JSON object that matches the schema, and nothing else.")
+
+    def _fall_back(self, role: RoleName, case: CaseFile, round: int, log: list[RoleMessage],
+                   errors: Sequence[str]) -> RoleTurn:
+        note = (f"{self.name} gave no usable {role} output ({'; '.join(errors[:3])}); "
+                f"the heuristic backend answers for this role.")
+        log.append(self._msg(round, role, "fallback", note))
+        turn = self.fallback.run(role, case, round)
+        for message in turn.messages:
+            message.backend = f"{self.fallback.name} (fallback)"
+        return RoleTurn(turn.output, log + turn.messages)
+
+    def _msg(self, round: int, role: RoleName, kind: str, text: str) -> RoleMessage:
+        return RoleMessage(round=round, role=role, kind=kind, backend=self.name, text=text)  # type: ignore[arg-type]

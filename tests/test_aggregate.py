@@ -1,0 +1,128 @@
+"""Cross-instance aggregation on the planted world (see tests/diagnosis_fixtures.py), whose truth is
+known: the pattern planted across all categories and both models must come out as ONE
+harness-level cluster, the one planted for `beta` only as model-specific, the single slip as noise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+
+from diagnosis_fixtures import M_REPLY, MemoryStore, plant
+from ecdysis.aggregate import (AgglomerativeTfidf, BatchContext, Cluster, ClusterEvidence, HdbscanTfidf, ModelRate,
+                               SystematicityScore, ThresholdVerdicts, aggregate)
+from ecdysis.failures import Failure, extract_failures
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "cluster_scale.py"
+
+
+def planted_batch(**kwargs) -> tuple[list[Failure], BatchContext]:
+    store = MemoryStore()
+    run_ids, suite, version = plant(store, **kwargs)
+    by_id = {i.id: i for i in suite.instances}
+    pairs, failures = [], []
+    for rid in run_ids:
+        results = store.get_results(rid)
+        pairs += [(suite.name, r) for r in results]
+        failures += extract_failures(results, by_id, suite=suite.name, harness_version=version.id)
+    return failures, BatchContext.build(pairs, failures)
+
+
+@pytest.mark.parametrize("policy", [AgglomerativeTfidf(), HdbscanTfidf()], ids=lambda p: p.name)
+def test_planted_patterns_get_the_true_verdicts(policy) -> None:
+    failures, batch = planted_batch()
+    clusters = aggregate(failures, batch, clustering=policy)
+    assert [c.verdict for c in clusters] == ["harness-level", "model-specific", "noise"]
+    shared, quirk, slip = clusters
+    assert shared.id == "c1" and shared.size == 30
+    assert set(shared.categories) == {"arithmetic", "dates", "word-sorting", "object-counting", "boolean"}
+    assert shared.models == {"alpha": 15, "beta": 15}
+    assert "2 of 2 models" in shared.reason
+    assert quirk.models == {"beta": 10} and all(f.raw_output == M_REPLY for f in quirk.failures)
+    assert "Specific to beta" in quirk.reason and "alpha ran 10 of them and showed it on 0" in quirk.reason
+    assert quirk.rates["alpha"].passed == 10
+    assert slip.size == 1 and slip.reason.startswith("Singleton")
+    assert shared.systematicity > quirk.systematicity > slip.systematicity
+
+
+def test_one_model_batch_says_cross_model_evidence_is_unavailable() -> None:
+    failures, batch = planted_batch(models=("alpha",))
+    clusters = aggregate(failures, batch)
+    assert clusters[0].verdict == "harness-level"
+    assert "Cross-model evidence unavailable (only one model was run: alpha)" in clusters[0].reason
+    assert clusters[0].components["models"] is None  # dropped, not counted as zero
+
+
+def test_systematicity_formula_and_prior_recurrence() -> None:
+    failures, batch = planted_batch()
+    first = aggregate(failures, batch)
+    shared = first[0]
+    parts = shared.components
+    assert parts["prior"] is None
+    weights = SystematicityScore()
+    expected = (weights.instance * parts["instances"] + weights.category * parts["categories"]
+                + weights.model * parts["models"] + weights.consistency * parts["consistency"]) / (
+        weights.instance + weights.category + weights.model + weights.consistency)
+    assert shared.systematicity == pytest.approx(expected, abs=1e-3)
+    again = aggregate(failures, batch, previous_clusters=[first])
+    assert again[0].components["prior"] == 1.0
+    unrelated = aggregate(failures, batch, previous_clusters=[[first[2]]])  # only the wrong-answer slip
+    assert unrelated[0].components["prior"] == 0.0
+    assert again[0].systematicity > unrelated[0].systematicity
+    for c in again:
+        assert 0.0 <= c.systematicity <= 1.0
+
+
+def evidence(**overrides) -> ClusterEvidence:
+    base = dict(n_failures=6, n_instances=6, categories=3, batch_categories=5, batch_instances=20,
+                batch_models=["a", "b"], rates={"a": ModelRate(3, 6, 3, 0), "b": ModelRate(3, 6, 3, 0)},
+                consistency=0.9, prior=None)
+    base.update(overrides)
+    return ClusterEvidence(**base)
+
+
+@pytest.mark.parametrize("ev, verdict, needle", [
+    (evidence(n_failures=1, n_instances=1), "noise", "Singleton"),
+    (evidence(n_failures=3, n_instances=3, consistency=0.2), "noise", "inconsistent"),
+    (evidence(rates={"a": ModelRate(6, 6, 0, 0), "b": ModelRate(1, 6, 5, 0)}), "model-specific", "Specific to a"),
+    (evidence(rates={"a": ModelRate(6, 6, 0, 0), "b": ModelRate(0, 6, 2, 0, kin=4)}), "harness-level",
+     "worded differently"),
+    (evidence(), "harness-level", "Shared by 2 of 2 models"),
+    (evidence(batch_models=["a"], rates={"a": ModelRate(6, 6, 0, 0)}, categories=1), "noise", "too narrowly"),
+    (evidence(batch_models=["a"], rates={"a": ModelRate(6, 6, 0, 0)}), "harness-level", "only one model was run"),
+])
+def test_verdict_policy_branches(ev: ClusterEvidence, verdict: str, needle: str) -> None:
+    score, _ = SystematicityScore().score(ev)
+    got, reason = ThresholdVerdicts().judge(ev, score)
+    assert got == verdict and needle in reason, reason
+
+
+def test_cluster_json_round_trip() -> None:
+    failures, batch = planted_batch()
+    for cluster in aggregate(failures, batch):
+        data = cluster.to_json()
+        assert {"id", "size", "label", "instances", "categories", "models", "systematicity", "verdict",
+                "evidence", "reason"} <= set(data)
+        assert Cluster.from_json(data).to_json() == data
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("cluster_scale", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_clustering_scales_to_thousands_of_failures() -> None:
+    bench = _bench()
+    failures, batch = bench.synthetic_batch(3000, seed=1)
+    started = time.perf_counter()
+    clusters = aggregate(failures, batch)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 20, elapsed
+    assert sum(c.size for c in clusters) == 3000
+    # The synthetic batch plants one shared pattern per failure type; each must dominate a cluster.
+    assert {c.type for c in clusters if c.verdict == "harness-level"} >= {"off_format", "truncated"}

@@ -1,0 +1,244 @@
+"""Failure-Driven Collaborative Refinement end to end on the planted world (tests/diagnosis_fixtures.py):
+the harness-level cluster gets an accepted patch that really fixes its failures, the model-specific
+and noise clusters get none, a patch that hard-codes an answer is rejected for that reason, an
+operator already in the harness draws an objection answered next round, and malformed LLM role
+output never breaks the diagnosis."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from diagnosis_fixtures import H_PREFIX, MemoryStore, answer_form, plant
+from ecdysis.aggregate import Cluster
+from ecdysis.diagnosis import DiagnosisReport, diagnose, sanctioned_exemplars
+from ecdysis.diffs import diff_files
+from ecdysis.errors import NotFound
+from ecdysis.harness import starter_files
+from ecdysis.models.scripted import ScriptedBackend
+from ecdysis.refine import DataIndex, LeakageCheck
+from ecdysis.roles.base import ModificationSpec
+from ecdysis.roles.operators import OPERATORS, RepairInput
+from ecdysis.sandbox import SandboxLimits, WorkerPool
+from ecdysis.suites.scorers import score
+
+SPEC = {"target_files": ["harness.py"], "change": "c", "root_cause": "r", "expected_effect": "e",
+        "risk": "k", "scope": "general"}
+
+
+def empty_cluster() -> Cluster:
+    return Cluster("c0", "off_format", "label", [], [], 1.0, {}, "harness-level", "", [])
+
+
+def smoke() -> ScriptedBackend:
+    return ScriptedBackend(default=f"{H_PREFIX} 34")
+
+
+def run_diagnosis(store: MemoryStore, **kwargs) -> DiagnosisReport:
+    run_ids, suite, _ = plant(store, files=kwargs.pop("files", None))
+    kwargs.setdefault("smoke_model", smoke())
+    return diagnose(store, run_ids, suite_loader=lambda name: suite, **kwargs)
+
+
+def test_harness_level_cluster_gets_a_patch_that_fixes_it() -> None:
+    store = MemoryStore()
+    report = run_diagnosis(store)
+    data = report.to_json()
+    assert [c["verdict"] for c in data["clusters"]] == ["harness-level", "model-specific", "noise"]
+    shared, quirk, slip = data["clusters"]
+    assert shared["patch"]["status"] == "accepted"
+    assert quirk["patch"]["proposal_id"] is None and "one model's quirk" in quirk["patch"]["no_patch_reason"]
+    assert slip["patch"]["proposal_id"] is None and "too small" in slip["patch"]["no_patch_reason"]
+    assert len(data["proposals"]) == 1
+    proposal = report.proposals[0]
+    assert proposal.cluster_id == "c1" and proposal.spec.operator == "answer_extraction"
+    assert all(c.ok for c in proposal.checks)
+    assert [(m["round"], m["role"]) for m in data["proposals"][0]["transcript"] if m["kind"] == "output"] == [
+        (1, "investigator"), (1, "attributor"), (1, "proposer"), (1, "critic")]
+    for key in ("target_files", "change", "root_cause", "expected_effect", "risk", "scope"):
+        assert data["proposals"][0]["spec"][key]
+    assert data["proposals"][0]["diffs"][0]["unified"].startswith("--- a/harness.py")
+    # The patch really repairs the planted failures: run the replies of pattern H through it.
+    files = proposal.apply_to(starter_files()).files
+    suite = plant(MemoryStore())[1]
+    pool = WorkerPool(files, SandboxLimits(timeout_s=10.0))
+    try:
+        for inst in [i for i in suite.instances if i.id.endswith("-000")]:
+            reply = f"{H_PREFIX} {answer_form(inst)}\nI hope this helps."
+            out = pool.solve(inst.task_view(), lambda req, r=reply: {"op": "completion", "text": r,
+                                                                      "finish_reason": "stop"})
+            assert score(out.answer or "", inst, suite.scorer), (inst.id, out.answer)
+    finally:
+        pool.close()
+
+
+def test_report_json_round_trips_and_renders() -> None:
+    report = run_diagnosis(MemoryStore())
+    data = json.loads(json.dumps(report.to_json()))
+    assert DiagnosisReport.from_json(data).to_json() == data
+    text = report.render_text()
+    assert text.index("CLUSTERS (by priority)") < text.index("PROPOSALS")
+    assert "[model-specific]" in text and "no patch: the pattern is one model's quirk" in text
+    assert "+++ b/harness.py" in text and "[round 1] critic" in text
+    record = report.to_record()
+    assert record.run_ids == report.run_ids and record.report["clusters"]
+    assert report.proposals[0].to_record(report.id).files["harness.py"].count("ecdysis operator") == 1
+
+
+def scripted_roles(proposer_output: dict, critic: str = '{"decision": "accept", "objections": []}') -> ScriptedBackend:
+    investigation = {"root_cause": "first-line extraction keeps prose", "component": "harness.py:extract_answer",
+                     "evidence": ["30 failures"]}
+    attribution = {"verdict": "harness-level", "reason": "both models, all categories",
+                   "cross_instance": "15 instances", "cross_model": "alpha 15/15, beta 15/15"}
+    return ScriptedBackend(model_id="scripted-roles", queue=[
+        json.dumps(investigation), json.dumps(attribution), json.dumps(proposer_output), critic])
+
+
+def test_a_patch_that_hard_codes_an_answer_is_rejected() -> None:
+    store = MemoryStore()
+    question = "Maria has 11 marbles and wins 23 more"  # arithmetic-000, a failing instance; target 34
+    cheat = {"spec": SPEC, "edits": [{"path": "harness.py", "find": "def solve(task, model, harness):\n",
+                                      "replace": "def solve(task, model, harness):\n"
+                                                 f"    if {question!r} in task['input']:\n"
+                                                 "        return '34'\n"}]}
+    report = run_diagnosis(store, role_backend=scripted_roles(cheat), max_rounds=1)
+    proposal = report.proposals[0]
+    assert proposal.status == "rejected"
+    leakage = next(c for c in proposal.checks if c.name == "leakage")
+    assert not leakage.ok
+    assert "hard-codes the answer '34' of instance arithmetic-000 (quotes its question" in leakage.detail
+    assert "hard-codes" in proposal.reason
+    kinds = [(m.role, m.kind) for m in proposal.transcript]
+    assert ("critic", "check") in kinds and kinds[-1] == ("critic", "check")  # acceptance overruled
+    assert report.to_json()["clusters"][0]["patch"]["status"] == "rejected"
+
+
+def test_leakage_rules_allow_sanctioned_exemplars_only() -> None:
+    store = MemoryStore()
+    run_ids, suite, _ = plant(store)
+    results = [("planted", r) for rid in run_ids for r in store.get_results(rid)]
+    exemplars = sanctioned_exemplars(results, {"planted": suite}, [])  # failing ones never qualify
+    assert {e.instance_id for e in exemplars} == {"dates-005", "word-sorting-005", "object-counting-005",
+                                                   "boolean-005"}
+    index = DataIndex.build({f"planted/{i.id}": i for i in suite.instances}, exemplars)
+    check = LeakageCheck()
+    result = OPERATORS["few_shot"].apply(RepairInput(starter_files(), empty_cluster(), exemplars))
+    diffs = diff_files(starter_files(), result.files)
+    assert check.check(diffs, result.spec, index).ok  # quoting sanctioned exemplars is allowed
+    undeclared = replace(result.spec, exemplars=())
+    assert "hard-codes the answer 'False' of instance boolean-005" in check.check(diffs, undeclared, index).detail
+
+    def patch(line: str, path: str = "harness.py") -> list:
+        files = starter_files()
+        return diff_files(files, dict(files, **{path: files.get(path, "") + line + "\n"}))
+
+    no_exemplars = ModificationSpec(("harness.py",), "c", "r", "e", "k", "s")
+    cheating = ModificationSpec(("harness.py",), "c", "r", "e", "k", "s", exemplars=("planted/arithmetic-000",))
+    assert "names instance id dates-003" in check.check(patch("# see dates-003"), no_exemplars, index).detail
+    assert "hard-codes the target answer '04/07/2021'" in check.check(
+        patch("FIX = '04/07/2021'"), no_exemplars, index).detail
+    assert "contains the target answer" in check.check(
+        patch("Remember: falcon lantern meadow quartz", "system.md"), no_exemplars, index).detail
+    assert "not a passing train instance" in check.check(patch("# x"), cheating, index).detail
+    # Template text shared by many instances, generic answers and numbers in code are not leaks.
+    assert check.check(patch("# How many marbles does the question ask for? True or False"),
+                       no_exemplars, index).ok
+    assert check.check(patch("LIMIT = 34"), no_exemplars, index).ok
+
+
+def test_an_operator_already_present_draws_an_objection_answered_next_round() -> None:
+    store = MemoryStore()
+    files = OPERATORS["answer_extraction"].apply(RepairInput(starter_files(), empty_cluster())).files
+    report = run_diagnosis(store, files=files, max_rounds=3)
+    proposal = report.proposals[0]
+    assert proposal.status == "accepted" and proposal.rounds == 2
+    assert proposal.spec.operator == "answer_format_instruction"
+    critic_round_1 = [m for m in proposal.transcript if m.role == "critic" and m.round == 1 and m.kind == "output"][0]
+    assert "operator answer_extraction is already present" in critic_round_1.text
+    proposer_round_2 = [m for m in proposal.transcript if m.role == "proposer" and m.round == 2][0]
+    assert "already present" in proposer_round_2.data["replies"][0]
+
+    one_round = run_diagnosis(MemoryStore(), files=files, max_rounds=1)
+    assert one_round.proposals[0].status == "rejected"
+    assert "already present" in one_round.proposals[0].reason
+
+
+def test_a_patch_that_breaks_the_harness_fails_its_checks() -> None:
+    broken = {"spec": SPEC, "edits": [{"path": "harness.py", "find": "def solve(task, model, harness):",
+                                       "replace": "def solve(task, model, harness)"}]}
+    report = run_diagnosis(MemoryStore(), role_backend=scripted_roles(broken), max_rounds=1)
+    loads = next(c for c in report.proposals[0].checks if c.name == "loads")
+    assert report.proposals[0].status == "rejected" and not loads.ok and "syntax error" in loads.detail
+
+    raising = {"spec": SPEC, "edits": [{"path": "harness.py", "find": "    p = harness.params\n",
+                                        "replace": "    p = harness.params\n    raise RuntimeError('nope')\n"}]}
+    report = run_diagnosis(MemoryStore(), role_backend=scripted_roles(raising), max_rounds=1)
+    loads = next(c for c in report.proposals[0].checks if c.name == "loads")
+    assert not loads.ok and "RuntimeError: nope" in loads.detail and "smoke run" in loads.detail
+
+
+def test_a_patch_must_apply_to_the_current_harness() -> None:
+    current = starter_files()
+    current["harness.py"] = current["harness.py"].replace("    return Counter(answers).most_common(1)[0][0]\n",
+                                                          "    return sorted(answers)[0]  # edited meanwhile\n")
+    report = run_diagnosis(MemoryStore(), current_files=current, max_rounds=1)
+    applies = next(c for c in report.proposals[0].checks if c.name == "applies")
+    assert not applies.ok and "does not apply cleanly" in applies.detail
+    assert report.proposals[0].status == "rejected"
+
+
+def test_malformed_llm_role_output_is_survived() -> None:
+    garbage = ScriptedBackend(model_id="scripted-garbage", queue=[
+        "The root cause is obvious.", "{'single': 'quotes'}",         # investigator: repair, then fallback
+        '{"verdict": "harness-level"}',                                # attributor: missing fields
+        '```json\n{"verdict": "harness-level", "reason": "r", "cross_instance": "i", "cross_model": "m"}\n```',
+        '{"operator": "magic_fix", "spec": ' + json.dumps(SPEC) + "}",  # proposer: unknown operator
+        '{"operator": "answer_extraction", "spec": ' + json.dumps(SPEC) + "}",
+        "I accept.",                                                   # critic: no JSON, then queue runs dry
+    ])
+    report = run_diagnosis(MemoryStore(), role_backend=garbage, max_rounds=2)
+    assert report.role_backend == "llm:scripted-garbage"
+    proposal = report.proposals[0]
+    assert proposal.status == "accepted" and proposal.spec.operator == "answer_extraction"
+    kinds = [(m.role, m.kind) for m in proposal.transcript]
+    assert ("investigator", "fallback") in kinds and ("attributor", "repair") in kinds
+    assert ("proposer", "repair") in kinds and ("critic", "fallback") in kinds
+    repair = next(m for m in proposal.transcript if m.role == "proposer" and m.kind == "repair")
+    assert "unknown operator 'magic_fix'" in repair.text
+    assert proposal.spec.scope == "general"  # the model's own spec text was kept
+
+
+def test_unknown_runs_are_a_clear_error() -> None:
+    with pytest.raises(NotFound, match="no run 'nope'"):
+        diagnose(MemoryStore(), ["nope"], suite_loader=lambda name: None)  # type: ignore[arg-type,return-value]
+
+
+def test_per_instance_mode_refines_one_instance_whatever_its_verdict() -> None:
+    report = run_diagnosis(MemoryStore(), only_instances=["arithmetic-005"])
+    assert [c.verdict for c in report.clusters] == ["noise"]  # alpha's single slip
+    assert report.proposals and report.proposals[0].cluster_id == "c1"
+    assert any("per-instance mode" in n for n in report.notes)
+
+
+def test_previous_iterations_may_be_given_as_stored_json() -> None:
+    store = MemoryStore()
+    first = run_diagnosis(store)
+    again = run_diagnosis(store, previous_clusters=[first.to_json()["clusters"]])
+    assert again.clusters[0].components["prior"] == 1.0
+
+
+@pytest.mark.parametrize("kind", ["memory", "sql"])
+def test_store_report_persists_the_diagnosis_and_its_proposals(kind: str, request: pytest.FixtureRequest) -> None:
+    from ecdysis.diagnosis import store_report
+    store = MemoryStore() if kind == "memory" else request.getfixturevalue("store")
+    if not hasattr(store, "save_diagnosis"):
+        pytest.skip("storage.SQLStore does not implement save_diagnosis yet")
+    run_ids, suite, _ = plant(store)
+    report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=smoke())
+    record = store_report(store, report)
+    assert store.get_diagnosis(record.id).report["clusters"][0]["verdict"] == "harness-level"
+    stored = store.list_proposals(diagnosis_id=record.id)
+    assert [(p.cluster_id, p.status) for p in stored] == [("c1", "pending")]
+    assert "ecdysis operator: answer_extraction" in stored[0].files["harness.py"]

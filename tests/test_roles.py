@@ -1,0 +1,246 @@
+"""The roles and their parts without the refinement loop: heuristic outputs are schema-valid, every
+repair operator really works inside the sandbox on the starter harness (and they compose), diffs
+apply all-or-nothing, and the LLM backend survives malformed output (repair, then fallback)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diagnosis_fixtures import MemoryStore, plant
+from ecdysis.aggregate import BatchContext, aggregate
+from ecdysis.diffs import apply_diffs, diff_files, render_html
+from ecdysis.errors import ModelError
+from ecdysis.failures import extract_failures
+from ecdysis.harness import starter_files, validate_files
+from ecdysis.models.scripted import ScriptedBackend
+from ecdysis.records import Completion, CompletionRequest
+from ecdysis.roles import HeuristicRoleBackend, make_role_backend
+from ecdysis.roles.base import ROLES, CaseFile, Exemplar, schema_errors
+from ecdysis.roles.llm import LLMRoleBackend, extract_json
+from ecdysis.roles.operators import OPERATORS, RepairInput, materialize, set_param
+from ecdysis.sandbox import SandboxLimits, WorkerPool
+
+FAST = SandboxLimits(timeout_s=10.0, memory_mb=512)
+EXEMPLARS = [Exemplar("s/a", "a", "arithmetic", "Tom has 2 pens and buys 3 more. How many pens?", None, "5"),
+             Exemplar("s/b", "b", "boolean", "not False and True is", None, "True"),
+             Exemplar("s/c", "c", "dates", "Today is 01/01/2020. What is the date tomorrow?",
+                      ("01/03/2020", "01/02/2020"), "B")]
+NUMBER = {"input": "Maria has 5 pens and buys 3. How many pens does she have?", "choices": None,
+          "category": "x", "fields": {}}
+BOOLEAN = {"input": "not True and False is", "choices": None, "category": "x", "fields": {}}
+WORDS = {"input": "Alphabetize: pear, apple, fig. Give the result as space-separated words.", "choices": None,
+         "category": "x", "fields": {}}
+CHOICE = {"input": "Today is 01/01/2020. What is the date tomorrow in MM/DD/YYYY?",
+          "choices": ["01/03/2020", "01/02/2020", "12/31/2019"], "category": "x", "fields": {}}
+
+
+@pytest.fixture
+def case() -> CaseFile:
+    store = MemoryStore()
+    run_ids, suite, version = plant(store)
+    by_id = {i.id: i for i in suite.instances}
+    pairs, failures = [], []
+    for rid in run_ids:
+        results = store.get_results(rid)
+        pairs += [(suite.name, r) for r in results]
+        failures += extract_failures(results, by_id, suite=suite.name, harness_version=version.id)
+    batch = BatchContext.build(pairs, failures)
+    cluster = aggregate(failures, batch)[0]
+    return CaseFile(cluster=cluster, files=dict(version.files), harness_version=version.id, batch=batch,
+                    exemplars=EXEMPLARS)
+
+
+def solve(files: dict[str, str], task: dict, replies: list[str]) -> tuple[str | None, list[dict]]:
+    """Run the harness on one task in the sandbox; the model answers from `replies` in order."""
+    requests: list[dict] = []
+    queue = list(replies)
+
+    def on_generate(request: dict) -> dict:
+        requests.append(request)
+        text = queue.pop(0) if len(queue) > 1 else queue[0]
+        return {"op": "completion", "text": text, "finish_reason": "stop", "prompt_tokens": 1,
+                "completion_tokens": 1}
+
+    pool = WorkerPool(files, FAST)
+    try:
+        outcome = pool.solve(task, on_generate)
+    finally:
+        pool.close()
+    assert outcome.error_type is None, outcome.error_message
+    return outcome.answer, requests
+
+
+def patched(*names: str, case: CaseFile) -> dict[str, str]:
+    files = starter_files()
+    for name in names:
+        files = OPERATORS[name].apply(RepairInput(files, case.cluster, EXEMPLARS)).files
+    validate_files(files)
+    return files
+
+
+def test_heuristic_roles_give_schema_valid_outputs(case: CaseFile) -> None:
+    backend = HeuristicRoleBackend()
+    outputs = {}
+    for role in ROLES:
+        turn = backend.run(role, case, 1)
+        assert schema_errors(role, turn.output) == []
+        assert [(m.round, m.role, m.kind) for m in turn.messages] == [(1, role, "output")]
+        outputs[role] = turn.output
+        if role == "investigator":
+            case.investigation = turn.output
+        if role == "proposer":
+            case.draft = materialize(turn.output, case)  # unchecked: the Critic sees no failed check
+    assert "first non-empty line" in outputs["investigator"]["root_cause"]
+    assert outputs["investigator"]["component"] == "harness.py:extract_answer"
+    assert outputs["attributor"]["verdict"] == "harness-level"
+    assert "alpha: 15 of 15" in outputs["attributor"]["cross_model"]
+    assert outputs["proposer"]["operator"] == "answer_extraction"
+    assert outputs["critic"]["decision"] == "accept"
+
+
+@pytest.mark.parametrize("task, reply, expected", [
+    (NUMBER, "To solve this, we add 5 and 3 to get 8.", "8"),
+    (NUMBER, "Sure! Here is my answer: 8\nI hope it helps.", "8"),
+    (BOOLEAN, "The expression evaluates to False because True and False is False.", "False"),
+    (WORDS, "The sorted words are: apple, fig, pear.", "apple fig pear"),
+    (WORDS, "1. apple\n2. fig\n3. pear", "apple fig pear"),
+    (CHOICE, "The date tomorrow is 01/02/2020.", "B"),
+    (CHOICE, "I think the answer is (B).", "B"),
+])
+def test_answer_extraction_finds_the_answer_by_the_tasks_form(case: CaseFile, task, reply, expected) -> None:
+    starter_answer, _ = solve(starter_files(), task, [reply])
+    answer, _ = solve(patched("answer_extraction", case=case), task, [reply])
+    assert answer == expected
+    assert starter_answer != expected  # the starter harness really had the defect
+
+
+def test_choice_matching_maps_free_text_onto_an_option(case: CaseFile) -> None:
+    answer, _ = solve(patched("choice_matching", case=case), CHOICE, ["01/02/2020 probably"])
+    assert answer == "B"
+    answer, _ = solve(patched("choice_matching", case=case), NUMBER, ["8 pens"])
+    assert answer == "8 pens"  # tasks without options are left alone
+
+
+def test_retry_on_unparsable_reasks_for_the_bare_answer(case: CaseFile) -> None:
+    answer, requests = solve(patched("retry_unparsable", case=case), NUMBER, ["Let me think about it.", "8"])
+    assert answer == "8" and len(requests) == 2
+    follow_up = requests[1]["messages"]
+    assert follow_up[-2] == {"role": "assistant", "content": "Let me think about it."}
+    assert "only the final number" in follow_up[-1]["content"]
+    _, once = solve(patched("retry_unparsable", case=case), NUMBER, ["8"])
+    assert len(once) == 1  # a bare answer is not re-asked
+
+
+def test_few_shot_puts_exemplars_of_the_same_form_first(case: CaseFile) -> None:
+    files = patched("few_shot", case=case)
+    assert {json.loads(line)["answer"] for line in files["fewshot.jsonl"].splitlines()} == {"5", "True", "B"}
+    _, requests = solve(files, NUMBER, ["8"])
+    roles = [m["role"] for m in requests[0]["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert requests[0]["messages"][1]["content"].startswith("Tom has 2 pens")
+    _, requests = solve(files, CHOICE, ["B"])
+    assert "Options:" in requests[0]["messages"][1]["content"]  # rendered with the user template
+
+
+def test_param_operators_change_the_calls(case: CaseFile) -> None:
+    _, voting = solve(patched("self_consistency", case=case), NUMBER, ["8"])
+    assert len(voting) == 5 and voting[0]["temperature"] == 0.7
+    _, budget = solve(patched("output_budget", case=case), NUMBER, ["8"])
+    assert budget[0]["max_tokens"] == 192
+    _, told = solve(patched("answer_format_instruction", case=case), CHOICE, ["B"])
+    assert "alone on the first line" in told[0]["messages"][0]["content"]
+    assert "letter of the correct option (A, B, C)" in told[0]["messages"][1]["content"]
+
+
+def test_all_operators_compose_and_report_presence(case: CaseFile) -> None:
+    files = patched(*OPERATORS, case=case)
+    assert all(op.present(files) for op in OPERATORS.values())
+    assert not any(op.present(starter_files()) for op in OPERATORS.values())
+    answer, _ = solve(files, NUMBER, ["Here is my answer: 8"])
+    assert answer == "8"
+
+
+def test_set_param_keeps_the_toml_valid() -> None:
+    text = starter_files()["harness.toml"]
+    out = set_param(set_param(text, "samples", "3", "why"), "new_key", "1", "why")
+    assert "samples = 3  # why" in out and "new_key = 1  # why" in out and "[harness]" in out
+
+
+def test_diffs_apply_all_or_nothing() -> None:
+    old = starter_files()
+    new = dict(old, **{"system.md": old["system.md"] + "\nBe brief.\n", "extra.md": "hello\n"})
+    diffs = diff_files(old, new)
+    assert [d.path for d in diffs] == ["extra.md", "system.md"] and diffs[0].change == "added"
+    assert diffs[1].unified.startswith("--- a/system.md\n+++ b/system.md\n")
+    assert diffs[1].added_lines() == ["", "Be brief."]
+    assert apply_diffs(old, diffs).files == new
+    moved = dict(old, **{"system.md": "Something else entirely, rewritten by hand.\n"})
+    result = apply_diffs(moved, diffs)
+    assert not result.ok and result.files is None
+    assert result.hunk_flags["system.md"] == [False] and "do not apply" in result.failures[0]
+    assert "<ins" in render_html(diffs[1])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"a": 1}', {"a": 1}),
+    ('Sure! ```json\n{"a": {"b": "}"}}\n``` done', {"a": {"b": "}"}}),
+    ('noise {broken {"a": 2} {"a": 3}', {"a": 2}),
+    ("no json at all", None),
+    ("[1, 2]", None),
+])
+def test_extract_json_is_tolerant(text: str, expected) -> None:
+    assert extract_json(text) == expected
+
+
+class FailingBackend:
+    model_id = "broken"
+    max_concurrency = 1
+    deterministic = True
+
+    def complete(self, request: CompletionRequest) -> Completion:
+        raise ModelError("connection refused", retryable=True)
+
+    def close(self) -> None:
+        pass
+
+
+def test_llm_role_repairs_then_falls_back(case: CaseFile) -> None:
+    good = {"root_cause": "first-line extraction", "component": "harness.py:extract_answer", "evidence": ["x"]}
+    model = ScriptedBackend(queue=["I think it is the extractor.", "```json\n" + json.dumps(good) + "\n```"])
+    turn = LLMRoleBackend(model, store=MemoryStore()).run("investigator", case, 1)
+    assert turn.output == good
+    assert [m.kind for m in turn.messages] == ["prompt", "reply", "repair", "reply", "output"]
+    assert "no JSON object" in turn.messages[2].text
+
+    model = ScriptedBackend(queue=['{"verdict": "maybe"}', "{still not json"])
+    turn = LLMRoleBackend(model).run("attributor", case, 1)
+    assert [m.kind for m in turn.messages] == ["prompt", "reply", "repair", "reply", "fallback", "output"]
+    assert turn.output["verdict"] == "harness-level"  # the heuristic answered for the role
+    assert turn.messages[-1].backend == "heuristic (fallback)"
+    assert "verdict" in turn.messages[2].text  # the repair request quoted the schema error
+
+    turn = LLMRoleBackend(FailingBackend()).run("critic", case, 2)
+    assert [m.kind for m in turn.messages] == ["prompt", "fallback", "output"]
+    assert "connection refused" in turn.messages[1].text and turn.messages[1].round == 2
+
+
+def test_llm_proposer_edits_must_apply(case: CaseFile) -> None:
+    spec = {"target_files": ["system.md"], "change": "c", "root_cause": "r", "expected_effect": "e",
+            "risk": "k", "scope": "s"}
+    missing = {"spec": spec, "edits": [{"path": "system.md", "find": "no such text", "replace": "x"}]}
+    fixed = {"spec": spec, "edits": [{"path": "system.md", "find": "helpful assistant",
+                                      "replace": "careful assistant"}]}
+    model = ScriptedBackend(queue=[json.dumps(missing), json.dumps(fixed)])
+    turn = LLMRoleBackend(model).run("proposer", case, 1)
+    assert "occurs 0 times" in turn.messages[2].text
+    draft = materialize(turn.output, case)
+    assert "careful assistant" in draft.files["system.md"]
+
+
+def test_make_role_backend_resolves_names() -> None:
+    assert make_role_backend("heuristic").name == "heuristic"
+    scripted = ScriptedBackend(model_id="scripted-roles", default="{}")
+    backend = make_role_backend("scripted-roles", backend_factory=lambda name: scripted)
+    assert backend.name == "llm:scripted-roles"
