@@ -541,6 +541,10 @@ def evidence_key(f: Failure) -> str:
         return f"cut at max_tokens={f.detail.get('max_tokens') or '?'}"
     if f.type == "empty_output":
         return "empty answer"
+    if f.type in MECHANISM_TYPES:
+        # Above the wording: the mechanism is whether a well-formed answer was there to extract.
+        return ("a well-formed answer is in the reply" if f.detail.get("shape_in_reply")
+                else "no well-formed answer in the reply")
     return f.signature
 
 
@@ -591,12 +595,42 @@ def _cluster_type(type_: str, failures: Sequence[Failure], policy: ClusteringPol
     return out
 
 
+MECHANISM_TYPES: frozenset[str] = frozenset({"off_format", "invalid_choice"})
+
+
+@dataclass(frozen=True)
+class TypeLevelMerge:
+    """Cross-instance aggregation above the wording. Text similarity splits one failure type into
+    sub-patterns ("quoted", "to solve this problem…"); when at least `min_parts` of them are each
+    too small to act on, their union is judged again as one type-level cluster keyed by its
+    mechanism (`evidence_key`). Only a union judged harness-level replaces its parts, so a scatter
+    of unrelated slips stays noise."""
+
+    min_parts: int = 2
+    types: frozenset[str] = MECHANISM_TYPES
+
+    def applies(self, type_: str, parts: Sequence["Cluster"]) -> bool:
+        return type_ in self.types and sum(c.verdict == "noise" for c in parts) >= self.min_parts
+
+
+class _TypeOnly:
+    """A clustering policy that keeps one type's failures together (used for merged unions)."""
+
+    def __init__(self, type_: str) -> None:
+        self.type_only = frozenset({type_})
+
+    def labels(self, matrix: Any, counts: Any = None) -> np.ndarray:
+        return np.zeros(matrix.shape[0], dtype=int)
+
+
 def aggregate(failures: Sequence[Failure], batch: BatchContext, *,
               clustering: ClusteringPolicy | None = None, verdicts: VerdictPolicy | None = None,
               scoring: SystematicityScore | None = None, priority: PriorityOrder | None = None,
-              previous_clusters: Sequence[Sequence[Cluster]] = ()) -> list[Cluster]:
+              previous_clusters: Sequence[Sequence[Cluster]] = (),
+              merge: TypeLevelMerge | None = TypeLevelMerge()) -> list[Cluster]:
     """Cluster a batch's failures (hard partition by failure type, then text similarity within a
-    type), score and judge each cluster, and return them in priority order with ids c1, c2, ..."""
+    type, then `merge` of small same-type parts), score and judge each cluster, and return them in
+    priority order with ids c1, c2, ..."""
     clustering = clustering or AgglomerativeTfidf()
     verdicts = verdicts or ThresholdVerdicts()
     scoring = scoring or SystematicityScore()
@@ -606,8 +640,16 @@ def aggregate(failures: Sequence[Failure], batch: BatchContext, *,
         by_type[f.type].append(f)
     clusters: list[Cluster] = []
     for type_ in sorted(by_type):
-        for group in _cluster_type(type_, by_type[type_], clustering):
-            clusters.append(_judge(group, batch, verdicts, scoring, previous_clusters))
+        parts = [_judge(group, batch, verdicts, scoring, previous_clusters)
+                 for group in _cluster_type(type_, by_type[type_], clustering)]
+        if merge is not None and merge.applies(type_, parts):
+            small = [c for c in parts if c.verdict == "noise"]
+            union = _cluster_type(type_, [f for c in small for f in c.failures], _TypeOnly(type_))[0]
+            merged = _judge(union, batch, verdicts, scoring, previous_clusters)
+            if merged.verdict == "harness-level":
+                merged.reason += f" (merged from {len(small)} smaller sub-patterns of this failure type)"
+                parts = [c for c in parts if c.verdict != "noise"] + [merged]
+        clusters.extend(parts)
     ordered = priority.order(clusters)
     for i, cluster in enumerate(ordered, start=1):
         cluster.id = f"c{i}"

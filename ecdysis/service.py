@@ -19,6 +19,7 @@ from ecdysis.suites import describe_suites, load_suite
 
 if TYPE_CHECKING:
     from ecdysis.diffs import FileDiff
+    from ecdysis.executors import Executor
     from ecdysis.evolve import EvolveConfig
     from ecdysis.jobs import JobContext, JobManager
     from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, JobRecord, ProposalRecord
@@ -34,6 +35,7 @@ class RunRequest:
     concurrency: int = 1
     use_cache: bool = True
     label: str = ""
+    executor: str | None = None     # local | ray; None: the `executor` setting
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -72,7 +74,7 @@ class ReviewAPI:
                 if e["type"] in ("run_started", "instance_done"):
                     ctx.progress(e["done"], e["total"], f"run {run.id}")
             summary = self.execute_run(run.id, use_cache=req.use_cache, events=events,  # type: ignore[attr-defined]
-                                       cancelled=ctx.cancelled)
+                                       cancelled=ctx.cancelled, executor=req.executor)
             return {"run_id": run.id, "summary": summary.to_json()}
         return self.jobs.submit("run", {"run_id": run.id, "suite": req.suite, "model": req.model}, work)
 
@@ -90,7 +92,8 @@ class ReviewAPI:
         from ecdysis import diagnosis
         report = diagnosis.diagnose(self.store, run_ids, suite_loader=self.suite,  # type: ignore[attr-defined]
                                     role_backend=role_backend, max_rounds=max_rounds,
-                                    backend_factory=self.backend, events=events)  # type: ignore[attr-defined]
+                                    backend_factory=self.backend, events=events,  # type: ignore[attr-defined]
+                                    limits=self.limits())  # type: ignore[attr-defined]
         return diagnosis.store_report(self.store, report)
 
     def start_diagnosis_job(self, run_ids: list[str], *, role_backend: str = "heuristic") -> str:
@@ -219,6 +222,13 @@ class Service(ReviewAPI):
         return self._backend_factory(name)
 
     # ---- runs
+    def executor(self, name: str | None = None) -> "Executor":
+        """The executor called `name` (None: the `executor` setting); its workers reach this
+        service's database."""
+        from ecdysis.executors import create_executor
+        url = getattr(self.store, "url", None) or self.settings.database_url
+        return create_executor(name, self.settings, database_url=url)
+
     def limits(self) -> SandboxLimits:
         return SandboxLimits(timeout_s=self.settings.instance_timeout_s,
                              memory_mb=self.settings.instance_memory_mb)
@@ -232,21 +242,24 @@ class Service(ReviewAPI):
             concurrency=req.concurrency, label=req.label)
 
     def execute_run(self, run_id: str, *, use_cache: bool = True, events: EventSink | None = None,
-                    budget: CallBudget | None = None,
-                    cancelled: Callable[[], bool] | None = None) -> RunSummary:
+                    budget: CallBudget | None = None, cancelled: Callable[[], bool] | None = None,
+                    executor: str | None = None) -> RunSummary:
+        """Run what `run_id` has left, on `executor` (None: the `executor` setting)."""
+        chosen = self.executor(executor)  # an unknown name fails before any work
         run = self.get_run(run_id)
         suite = self.suite(run.suite)
         version = self.harness(run.harness_version)
         runner = Runner(self.store, limits=self.limits(), events=events)
         return runner.execute(run, suite, self.backend(run.model), version, use_cache=use_cache,
-                              budget=budget, cancelled=cancelled)
+                              budget=budget, cancelled=cancelled, executor=chosen)
 
     def run(self, req: RunRequest, *, events: EventSink | None = None) -> RunSummary:
         run = self.create_run(req)
-        return self.execute_run(run.id, use_cache=req.use_cache, events=events)
+        return self.execute_run(run.id, use_cache=req.use_cache, events=events, executor=req.executor)
 
-    def resume(self, run_id: str, *, events: EventSink | None = None) -> RunSummary:
-        return self.execute_run(run_id, events=events)
+    def resume(self, run_id: str, *, events: EventSink | None = None,
+               executor: str | None = None) -> RunSummary:
+        return self.execute_run(run_id, events=events, executor=executor)
 
     def get_run(self, run_id: str) -> RunRecord:
         run = self.store.get_run(run_id)

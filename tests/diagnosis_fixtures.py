@@ -103,66 +103,11 @@ def result_for(run_id: str, model: str, inst: Instance, reply: str, finish: str 
                           score=1.0 if _correct(inst, answer) else 0.0, calls=[call])
 
 
-class MemoryStore:
-    """The slice of the `Store` protocol diagnosis uses, in memory (the SQL store is tested by its
-    owners; these tests need exact, fast control over stored runs)."""
-
-    def __init__(self) -> None:
-        self.runs: dict[str, RunRecord] = {}
-        self.results: dict[str, dict[str, InstanceResult]] = {}
-        self.harnesses: dict[str, HarnessVersion] = {}
-        self.cache: dict[str, Completion] = {}
-        self.diagnoses: dict[str, DiagnosisRecord] = {}
-        self.proposals: dict[str, ProposalRecord] = {}
-
-    def put_harness(self, version: HarnessVersion) -> HarnessVersion:
-        self.harnesses.setdefault(version.id, version)
-        return self.harnesses[version.id]
-
-    def get_harness(self, version_id: str) -> HarnessVersion | None:
-        return self.harnesses.get(version_id)
-
-    def list_harnesses(self) -> list[HarnessVersion]:
-        return list(self.harnesses.values())
-
-    def create_run(self, run: RunRecord) -> None:
-        self.runs[run.id] = run
-
-    def update_run(self, run: RunRecord) -> None:
-        self.runs[run.id] = run
-
-    def get_run(self, run_id: str) -> RunRecord | None:
-        return self.runs.get(run_id)
-
-    def save_result(self, result: InstanceResult) -> None:
-        self.results.setdefault(result.run_id, {})[result.instance_id] = result
-
-    def get_results(self, run_id: str) -> list[InstanceResult]:
-        return list(self.results.get(run_id, {}).values())
-
-    def done_instance_ids(self, run_id: str) -> set[str]:
-        return set(self.results.get(run_id, {}))
-
-    def cache_get(self, key: str) -> Completion | None:
-        hit = self.cache.get(key)
-        return replace(hit) if hit else None
-
-    def cache_put(self, key: str, model: str, request: dict[str, Any], completion: Completion) -> None:
-        self.cache[key] = replace(completion)
-
-    def save_diagnosis(self, diagnosis: DiagnosisRecord) -> None:
-        self.diagnoses[diagnosis.id] = diagnosis
-
-    def get_diagnosis(self, diagnosis_id: str) -> DiagnosisRecord | None:
-        return self.diagnoses.get(diagnosis_id)
-
-    def save_proposal(self, proposal: ProposalRecord) -> None:
-        self.proposals[proposal.id] = proposal
-
-    def list_proposals(self, *, diagnosis_id: str | None = None, status: str | None = None) -> list[ProposalRecord]:
-        return [p for p in self.proposals.values()
-                if diagnosis_id in (None, p.diagnosis_id) and status in (None, p.status)]
-
+def MemoryStore() -> Any:
+    """A real store (the SQL implementation) on an in-memory SQLite database: exact, fast, and the
+    same code the product runs, not a stand-in."""
+    from storage import open_store
+    return open_store("sqlite://")
 
 def plant(store: Any, *, models: tuple[str, ...] = ("alpha", "beta"), patterns: set[str] | None = None,
           files: dict[str, str] | None = None) -> tuple[list[str], Suite, HarnessVersion]:

@@ -126,3 +126,43 @@ def test_clustering_scales_to_thousands_of_failures() -> None:
     assert sum(c.size for c in clusters) == 3000
     # The synthetic batch plants one shared pattern per failure type; each must dominate a cluster.
     assert {c.type for c in clusters if c.verdict == "harness-level"} >= {"off_format", "truncated"}
+
+
+OPENERS = {"arithmetic": "Sure thing, happy to help.", "dates": "Let me see what I can find.",
+           "word-sorting": "Okay! Working on it now.", "object-counting": "Here you go, friend:",
+           "boolean": "Well, that is interesting."}
+
+
+def varied_wording_batch() -> tuple[list[Failure], BatchContext]:
+    """One mechanism (the answer sits on the reply's second line), worded differently per category:
+    text similarity alone splits it into five small parts."""
+    from diagnosis_fixtures import answer_form, planted_suite, result_for
+    suite = planted_suite()
+    by_id = {i.id: i for i in suite.instances}
+    results = []
+    for inst in suite.instances:
+        if inst.split != "train":
+            continue
+        index = int(inst.id.rsplit("-", 1)[1])
+        reply = f"{OPENERS[inst.category]}\n{answer_form(inst)}" if index <= 2 else answer_form(inst)
+        results.append(result_for("run-alpha", "alpha", inst, reply))
+    failures = extract_failures(results, by_id, suite=suite.name, harness_version="h")
+    return failures, BatchContext.build([(suite.name, r) for r in results], failures)
+
+
+def test_same_mechanism_in_different_words_is_merged_into_one_harness_level_cluster() -> None:
+    failures, batch = varied_wording_batch()
+    assert len(failures) == 15
+    split = aggregate(failures, batch, merge=None)
+    assert all(c.verdict != "harness-level" for c in split)  # without the merge: five small parts
+    merged = aggregate(failures, batch)
+    harness = [c for c in merged if c.verdict == "harness-level"]
+    assert len(harness) == 1
+    assert harness[0].size == 15 and len(harness[0].categories) == 5
+    assert "merged from" in harness[0].reason and "well-formed answer is in the reply" in harness[0].label
+
+
+def test_unrelated_slips_are_not_merged() -> None:
+    failures, batch = planted_batch(patterns={"noise"})
+    merged = aggregate(failures, batch)
+    assert all(c.verdict == "noise" for c in merged)

@@ -223,9 +223,8 @@ def test_per_instance_mode_refines_one_instance_whatever_its_verdict() -> None:
 
 
 def test_previous_iterations_may_be_given_as_stored_json() -> None:
-    store = MemoryStore()
-    first = run_diagnosis(store)
-    again = run_diagnosis(store, previous_clusters=[first.to_json()["clusters"]])
+    first = run_diagnosis(MemoryStore())
+    again = run_diagnosis(MemoryStore(), previous_clusters=[first.to_json()["clusters"]])
     assert again.clusters[0].components["prior"] == 1.0
 
 
