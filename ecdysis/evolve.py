@@ -13,6 +13,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from ecdysis import diagnosis
 from ecdysis.diffs import FileDiff, apply_diffs
 from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, InputError
 from ecdysis.gate import POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, decide
@@ -131,6 +132,12 @@ class Evolver:
         except _Waiting as w:
             evo.status = "waiting"
             evo.result["stopped"] = f"waiting for decisions on {len(w.pending)} proposal(s): {', '.join(w.pending)}"
+        except Exception as exc:
+            # Any other fault ends the evolution visibly (never a record stuck at "running");
+            # every finished phase is stored, so a resume continues from the cursor.
+            evo.status = "failed"
+            evo.result["stopped"] = f"failed: {type(exc).__name__}: {exc}; resume to continue"
+            raise
         finally:
             self._save(evo)
         return evo
@@ -239,7 +246,6 @@ class Evolver:
         return {(r.model, r.instance_id): r.correct for rid in run_ids for r in self.store.get_results(rid)}
 
     def _diagnose(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any]) -> tuple[str, list[str]]:
-        from ecdysis import diagnosis
         run_ids = list(cur["train_runs"].values())
         previous = [d.report.get("clusters", []) for d in self._past_diagnoses(evo)]
         only: list[str] | None = None

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from ecdysis import diagnosis
+from ecdysis import evolve as _evolve  # noqa: F401 - imported here, not lazily in job threads
 from ecdysis import harness as harness_mod
 from ecdysis.errors import NotFound
 from ecdysis.models.base import ModelBackend
@@ -89,7 +91,6 @@ class ReviewAPI:
     # ---- diagnoses and proposals
     def diagnose(self, run_ids: list[str], *, role_backend: str = "heuristic", max_rounds: int = 3,
                  events: Callable[[dict[str, Any]], None] | None = None) -> "DiagnosisRecord":
-        from ecdysis import diagnosis
         report = diagnosis.diagnose(self.store, run_ids, suite_loader=self.suite,  # type: ignore[attr-defined]
                                     role_backend=role_backend, max_rounds=max_rounds,
                                     backend_factory=self.backend, events=events,  # type: ignore[attr-defined]

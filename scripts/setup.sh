@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up everything Ecdysis needs in ./.venv, idempotently: a second call takes seconds.
-#   scripts/setup.sh            python packages, embedded models, BIG-bench task files
+#   scripts/setup.sh            python packages, embedded models, BIG-bench task files, bubblewrap
 #   scripts/setup.sh --system   also Debian packages for the tests (chromium, chromium-driver, postgresql)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,18 @@ want_system=0
 
 if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
   echo "error: Python 3.11 or newer is needed (found $("$PY" --version 2>&1))" >&2; exit 1
+fi
+
+# bubblewrap is the harness sandbox's filesystem, network and process boundary (ecdysis/sandbox.py),
+# so the plain set-up installs it too; without it harness code runs as a plain child process and
+# every run records that note.
+if ! command -v bwrap >/dev/null 2>&1; then
+  echo "== installing Debian package: bubblewrap (the harness sandbox)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+  if ! { DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+         || { $SUDO apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q bubblewrap; }; }; then
+    echo "warning: could not install bubblewrap; harness code will run without the namespace sandbox" >&2
+  fi
 fi
 
 if [ "$want_system" = 1 ]; then
@@ -27,7 +39,8 @@ fi
 
 [ -x .venv/bin/python ] || { echo "== creating .venv"; "$PY" -m venv .venv; }
 stamp=.venv/.ecdysis-setup
-digest=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+# The package list is part of the digest: a new package folder needs the editable install redone.
+digest=$( (cat pyproject.toml scripts/setup.sh; ls -d */__init__.py) | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ] && .venv/bin/python -c 'import llama_cpp, ecdysis' 2>/dev/null; then
   echo "== python packages up to date"
 else

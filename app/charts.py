@@ -1,0 +1,136 @@
+"""Plotly figures for the pages: cluster sizes by verdict, cluster x category, cluster x model,
+the 2-D failure map, and evolution curves. Pure functions from report JSON / view data to figures."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from app.views import MapPoint, StrategyStats, clusters, cluster_title
+
+VERDICT_COLORS: dict[str, str] = {"harness-level": "#c53948", "model-specific": "#e0a030", "noise": "#9a968c"}
+STRATEGY_COLORS: dict[str, str] = {"ecdysis": "#c53948", "per-instance": "#3b6fb6"}
+PALETTE = ["#c53948", "#3b6fb6", "#2f8f6b", "#e0a030", "#7a4bb0", "#d9731a", "#4f9fb0", "#9a968c",
+           "#b0497a", "#6b8e23"]
+
+
+def _layout(fig: go.Figure, *, height: int, title: str | None = None, **extra: Any) -> go.Figure:
+    fig.update_layout(height=height, margin={"l": 8, "r": 8, "t": 36 if title else 8, "b": 8},
+                      title={"text": title, "font": {"size": 14}} if title else None,
+                      legend={"orientation": "h", "y": -0.18, "x": 0}, **extra)
+    return fig
+
+
+def cluster_sizes(report: Mapping[str, Any], height: int = 320) -> go.Figure:
+    """Failures per cluster, one bar each in priority order, coloured by verdict."""
+    fig = go.Figure()
+    rows = clusters(report)
+    for verdict, color in VERDICT_COLORS.items():
+        mine = [c for c in rows if c["verdict"] == verdict]
+        if not mine:
+            continue
+        fig.add_bar(
+            y=[cluster_title(c, 42) for c in mine], x=[c["size"] for c in mine], orientation="h",
+            name=verdict, marker_color=color, customdata=[[c["id"], c["systematicity"], len(c["instances"])]
+                                                         for c in mine],
+            hovertemplate="%{y}<br>%{x} failures on %{customdata[2]} instances"
+                          "<br>systematicity %{customdata[1]:.2f}<extra>" + verdict + "</extra>")
+    order = [cluster_title(c, 42) for c in rows]
+    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order)), automargin=True)
+    fig.update_xaxes(title_text="failures")
+    return _layout(fig, height=max(height, 60 + 28 * len(rows)), title="Cluster sizes by verdict",
+                   barmode="stack")
+
+
+def category_heatmap(report: Mapping[str, Any], height: int = 320) -> go.Figure:
+    """Failures of each cluster in each task category (spread across categories is evidence)."""
+    rows = clusters(report)
+    cats = sorted({cat for c in rows for cat in c.get("categories", {})})
+    z = [[c.get("categories", {}).get(cat, 0) for cat in cats] for c in rows]
+    text = [[str(v) if v else "" for v in row] for row in z]
+    fig = go.Figure(go.Heatmap(z=z, x=cats, y=[c["id"] for c in rows], colorscale="Reds", text=text,
+                               texttemplate="%{text}", hovertemplate="%{y} · %{x}: %{z} failures<extra></extra>",
+                               showscale=False, xgap=2, ygap=2))
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(type="category")
+    return _layout(fig, height=max(height, 60 + 28 * len(rows)), title="Cluster × category")
+
+
+def model_comparison(report: Mapping[str, Any], height: int = 320) -> go.Figure:
+    """For each cluster, the share of its instances each model ran on which the model fails this
+    way: equal bars point at the harness, one tall bar at a model's quirk."""
+    rows = clusters(report)
+    models = sorted({m for c in rows for m in c.get("model_rates", {}) or c.get("models", {})})
+    fig = go.Figure()
+    for i, model in enumerate(models):
+        rates, texts = [], []
+        for c in rows:
+            r = (c.get("model_rates") or {}).get(model)
+            if r and r.get("ran"):
+                hit = int(r.get("hit", 0)) + int(r.get("kin", 0))
+                rates.append(hit / r["ran"])
+                texts.append(f"{hit}/{r['ran']}")
+            else:
+                rates.append(0.0)
+                texts.append(str(c.get("models", {}).get(model, 0)))
+        fig.add_bar(x=[c["id"] for c in rows], y=rates, name=model, text=texts, textposition="outside",
+                    marker_color=PALETTE[i % len(PALETTE)],
+                    hovertemplate="%{x} · " + model + ": %{text} instances<extra></extra>")
+    fig.update_yaxes(title_text="share of instances", tickformat=".0%", range=[0, 1.15])
+    fig.update_xaxes(type="category")
+    return _layout(fig, height=height, title="Cluster × model", barmode="group")
+
+
+def failure_map_figure(points: Sequence[MapPoint], height: int = 320) -> go.Figure:
+    """Each failure as a dot placed by its evidence text, coloured by the cluster it fell in."""
+    fig = go.Figure()
+    ids = sorted({p.cluster_id for p in points}, key=lambda cid: (len(cid), cid))
+    for i, cid in enumerate(ids):
+        mine = [p for p in points if p.cluster_id == cid]
+        fig.add_scatter(x=[p.x for p in mine], y=[p.y for p in mine], mode="markers", name=cid,
+                        marker={"size": 9, "color": PALETTE[i % len(PALETTE)], "opacity": 0.8,
+                                "line": {"width": 0.5, "color": "white"}},
+                        customdata=[[p.instance, p.model, p.category, p.excerpt[:120]] for p in mine],
+                        hovertemplate="%{customdata[0]} · %{customdata[1]} · %{customdata[2]}"
+                                      "<br>%{customdata[3]}<extra>" + cid + "</extra>")
+    fig.update_xaxes(showticklabels=False, title_text="evidence · component 1", zeroline=False)
+    fig.update_yaxes(showticklabels=False, title_text="component 2", zeroline=False)
+    return _layout(fig, height=height, title="Failure map (TF-IDF + SVD of the evidence)")
+
+
+def evolution_curves(series: Sequence[tuple[str, str, Sequence[Mapping[str, Any]], float | None]],
+                     height: int = 340) -> go.Figure:
+    """Validation accuracy per iteration for each evolution, and its held-out test accuracy as a
+    final marker. `series` holds (name, strategy, iteration rows, test accuracy)."""
+    fig = go.Figure()
+    for i, (name, strategy, rows, test) in enumerate(series):
+        color = STRATEGY_COLORS.get(strategy, PALETTE[(i + 2) % len(PALETTE)])
+        xs = [int(r.get("iteration") or i) for i, r in enumerate(rows, start=1)]
+        fig.add_scatter(x=xs, y=[r.get("val_accuracy") for r in rows], mode="lines+markers",
+                        name=f"{name} validation", line={"color": color, "width": 2.5})
+        if any(r.get("train_accuracy") is not None for r in rows):
+            fig.add_scatter(x=xs, y=[r.get("train_accuracy") for r in rows], mode="lines",
+                            name=f"{name} train batch", line={"color": color, "width": 1, "dash": "dot"})
+        if test is not None:
+            fig.add_scatter(x=[(max(xs) if xs else 0) + 1], y=[test], mode="markers+text", name=f"{name} test",
+                            marker={"symbol": "star", "size": 14, "color": color}, text=[f"{test:.0%}"],
+                            textposition="top center")
+    fig.update_xaxes(title_text="iteration (star: sealed test split, scored once)", dtick=1)
+    fig.update_yaxes(title_text="accuracy", tickformat=".0%", range=[-0.02, 1.05])
+    _layout(fig, height=height, title="Accuracy per iteration")
+    fig.update_layout(legend={"orientation": "h", "y": -0.32, "x": 0}, margin={"b": 70})
+    return fig
+
+
+def cost_bars(stats: Sequence[StrategyStats], height: int = 260) -> go.Figure:
+    """Training time and model calls per evolution, side by side."""
+    from plotly.subplots import make_subplots
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("training time (s)", "model calls"))
+    names = [f"{s.strategy} {s.evolution_id[:6]}" for s in stats]
+    colors = [STRATEGY_COLORS.get(s.strategy, "#9a968c") for s in stats]
+    fig.add_bar(x=names, y=[s.train_seconds for s in stats], marker_color=colors, row=1, col=1, showlegend=False,
+                text=[f"{s.train_seconds:.0f}" for s in stats], textposition="outside")
+    fig.add_bar(x=names, y=[s.model_calls for s in stats], marker_color=colors, row=1, col=2, showlegend=False,
+                text=[str(s.model_calls) for s in stats], textposition="outside")
+    return _layout(fig, height=height)

@@ -1,0 +1,146 @@
+"""The sections of the cluster and diagnosis pages: a diagnosis's overview, its four charts, the
+drill-down cluster -> instances -> trajectory, and the per-cluster role conversation."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import streamlit as st
+
+from app import charts, views
+from app import components as ui
+from app.state import remember, remembered
+from ecdysis.service import Service
+from ecdysis.store import DiagnosisRecord
+
+
+def pick_diagnosis(diagnoses: list[DiagnosisRecord], key: str) -> DiagnosisRecord | None:
+    by_id = {d.id: d for d in diagnoses}
+    chosen = ui.pick("Diagnosis", list(by_id), {d.id: views.diagnosis_label(d) for d in diagnoses},
+                     key=key, memory="diagnosis")
+    return by_id.get(chosen or "")
+
+
+def overview(report: Mapping[str, Any]) -> None:
+    stats = report.get("stats", {})
+    cols = st.columns(5)
+    cols[0].metric("results", stats.get("results", 0))
+    cols[1].metric("failures", stats.get("failures", 0))
+    cols[2].metric("clusters", len(views.clusters(report)))
+    cols[3].metric("harness-level", stats.get("harness_level", 0))
+    cols[4].metric("proposals", len(report.get("proposals", [])))
+    st.caption(f"runs {', '.join(report.get('run_ids', []))} · models {', '.join(report.get('models', []))} · "
+               f"suites {', '.join(report.get('suites', []))} · "
+               f"harness {views.short(report.get('harness_version'))} · "
+               f"roles: {role_backend_text(str(report.get('role_backend', '')))}")
+    for note in report.get("notes", []):
+        st.info(ui.md(note), icon=":material/info:")
+
+
+def role_backend_text(name: str) -> str:
+    return "heuristic (deterministic, offline — no LLM)" if name == "heuristic" else f"LLM ({name})"
+
+
+def _cluster_memory(report: Mapping[str, Any]) -> str:
+    return f"cluster:{report.get('id', '')}"
+
+
+def _select_from_chart(chart_key: str, memory: str) -> None:
+    """Clicking a bar in the size chart selects that cluster below."""
+    state = st.session_state.get(chart_key)
+    points = getattr(getattr(state, "selection", None), "points", None) or []
+    if points and points[0].get("customdata"):
+        remember(memory, str(points[0]["customdata"][0]))
+
+
+def cluster_charts(report: Mapping[str, Any]) -> None:
+    """Sizes by verdict | cluster x category, then cluster x model | the 2-D failure map."""
+    if not views.clusters(report):
+        return
+    memory = _cluster_memory(report)
+    top_left, top_right = st.columns(2)
+    with top_left:
+        key = f"sizes:{report.get('id')}"
+        st.plotly_chart(charts.cluster_sizes(report), key=key, on_select=lambda: _select_from_chart(key, memory),
+                        selection_mode="points", config={"displayModeBar": False})
+    with top_right:
+        st.plotly_chart(charts.category_heatmap(report), config={"displayModeBar": False})
+    low_left, low_right = st.columns(2)
+    with low_left:
+        st.plotly_chart(charts.model_comparison(report), config={"displayModeBar": False})
+    with low_right:
+        st.plotly_chart(charts.failure_map_figure(views.failure_map(report)), config={"displayModeBar": False})
+
+
+def pick_cluster(report: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    rows = views.clusters(report)
+    by_id = {c["id"]: c for c in rows}
+    labels = {c["id"]: f"{views.cluster_title(c, 70)} · {c['verdict']} · {c['size']} failures" for c in rows}
+    chosen = ui.pick("Cluster", list(by_id), labels, key=key, memory=_cluster_memory(report))
+    return by_id.get(chosen or "")
+
+
+def drilldown(svc: Service, report: Mapping[str, Any]) -> None:
+    """Cluster -> its failing instances -> one instance's whole trajectory."""
+    cluster = pick_cluster(report, key=f"drill:{report.get('id')}")
+    if cluster is None:
+        return
+    ui.cluster_card(cluster)
+    rows = views.member_rows(cluster)
+    st.markdown(f"**{len(rows)} failing instance(s)**")
+    st.dataframe(rows, hide_index=True, width="stretch",
+                 column_config={"evidence": st.column_config.TextColumn("evidence", width="large")})
+    options = [f"{r['run']}/{r['instance']}" for r in rows]
+    labels = {f"{r['run']}/{r['instance']}": f"{r['instance']} · {r['model']} · {r['category']}" for r in rows}
+    chosen = ui.pick("Trajectory of instance", options, labels, key=f"member:{report.get('id')}:{cluster['id']}")
+    if chosen:
+        run_id, _, instance_id = chosen.partition("/")
+        row = next(r for r in rows if f"{r['run']}/{r['instance']}" == chosen)
+        st.caption(f"failure type: {ui.md(row['failure'])} — {ui.md(row['evidence'])}")
+        result = ui.find_result(svc, run_id, instance_id)
+        if result is None:
+            st.warning(f"The result of {instance_id} in run {run_id} is no longer stored.")
+        else:
+            ui.trajectory(result)
+
+
+def conversation(report: Mapping[str, Any]) -> None:
+    """One cluster's diagnosis: the roles' chat on the right, verdict and final spec on the left."""
+    cluster = pick_cluster(report, key=f"conv:{report.get('id')}")
+    if cluster is None:
+        return
+    proposal = views.proposal_json(report, cluster["id"])
+    left, right = st.columns([2, 3], gap="large")
+    with left:
+        st.markdown(f"#### {ui.md(cluster['id'])} · {ui.md(cluster['label'])}")
+        ui.verdict_badge(cluster["verdict"])
+        st.markdown(ui.md(cluster.get("reason", "")))
+        st.caption(f"{cluster['size']} failures · {len(cluster.get('instances', []))} instances · "
+                   f"systematicity {cluster.get('systematicity', 0):.2f}")
+        _outcome(cluster, proposal)
+    with right:
+        st.markdown("#### Role conversation")
+        ui.chat_transcript(views.transcript(report, cluster["id"]))
+
+
+def _outcome(cluster: Mapping[str, Any], proposal: Mapping[str, Any] | None) -> None:
+    st.divider()
+    if proposal is None:
+        st.markdown("**Outcome**")
+        st.info(ui.md(views.patch_status(cluster)), icon=":material/block:")
+        return
+    accepted = proposal.get("status") == "accepted"
+    st.markdown(f"**Final modification specification** — proposal `{proposal['id']}`, "
+                f"{'accepted by the Critic' if accepted else 'rejected by the Critic'} after "
+                f"{proposal.get('rounds', 1)} round(s)")
+    ui.spec_card(proposal.get("spec", {}))
+    if proposal.get("objections"):
+        st.markdown("**Critic's objections**\n" + "\n".join(f"- {ui.md(o)}" for o in proposal["objections"]))
+    if accepted:
+        remember("proposal", str(proposal["id"]))
+        ui.page_link("review", "Review this proposal", ":material/rate_review:")
+
+
+def remembered_runs() -> list[str]:
+    run = remembered("runs_for_diagnosis")
+    return [run] if run else []

@@ -1,0 +1,357 @@
+"""Shared UI pieces the page scripts are made of: background-job progress (polled by a fragment),
+run and result tables, a trajectory viewer, cluster cards, the role chat, spec cards, diff views."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import streamlit as st
+
+from app import diffview, views
+from app.guard import error_text, shown_errors
+from app.state import remember, remembered
+from ecdysis.diffs import FileDiff
+from ecdysis.records import InstanceResult, RunRecord
+from ecdysis.service import Service
+from ecdysis.store import JobRecord
+
+POLL_SECONDS = 1.5
+PAGES = {"runs": "../pages/1_runs.py", "clusters": "../pages/2_clusters.py", "diagnoses": "../pages/3_diagnoses.py",
+         "review": "../pages/4_review.py", "evolution": "../pages/5_evolution.py",
+         "harnesses": "../pages/6_harnesses.py"}
+VERDICT_BADGE = {"harness-level": "red", "model-specific": "orange", "noise": "gray"}
+STATUS_BADGE = {"pending": "blue", "approved": "green", "edited": "green", "applied": "violet",
+                "rejected": "red", "superseded": "gray"}
+ROLE_AVATAR = {"investigator": ":material/search:", "attributor": ":material/balance:",
+               "proposer": ":material/edit_note:", "critic": ":material/gavel:", "engine": ":material/rule:"}
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]{}<>#|~$])")
+
+
+def md(text: Any) -> str:
+    """Text shown through st.markdown literally (model output is full of `_`, `*` and `#`)."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text))
+
+
+def code(text: Any) -> str:
+    """Inline code for st.markdown (no escaping inside backticks; a stray backtick is replaced)."""
+    return "`" + str(text).replace("`", "'") + "`"
+
+
+def page_link(name: str, label: str, icon: str | None = None) -> None:
+    st.page_link(PAGES[name], label=label, icon=icon)
+
+
+def empty_state(message: str, hint: str | None = None, icon: str = ":material/inbox:") -> None:
+    st.info(f"**{message}**" + (f"  \n{hint}" if hint else ""), icon=icon)
+
+
+def pick(label: str, options: Sequence[str], labels: Mapping[str, str], *, key: str,
+         memory: str | None = None, default: str | None = None, help: str | None = None) -> str | None:
+    """A selectbox over ids that keeps its choice for this session; `memory` names a slot shared
+    with other pages (the diagnosis chosen on one page is the one shown on the next)."""
+    if not options:
+        return None
+    slot = memory or f"pick:{key}"
+    wanted = remembered(slot)
+    wanted = wanted if wanted in options else default
+    index = list(options).index(wanted) if wanted is not None and wanted in options else 0
+    # The choice and the option labels are part of the widget key: when another page, a finished
+    # job or a status change alters them, a fresh widget shows them instead of stale ones.
+    shown = "\x1f".join(labels.get(o, o) for o in options)
+    widget_key = f"{key}:{wanted}:{hashlib.sha1(shown.encode()).hexdigest()[:10]}"
+
+    def keep() -> None:
+        remember(slot, st.session_state.get(widget_key))
+    choice = st.selectbox(label, list(options), index=index, key=widget_key, help=help,
+                          format_func=lambda o: labels.get(o, o), on_change=keep)
+    if choice:
+        remember(slot, choice)
+    return choice
+
+
+# ---------------------------------------------------------------- background jobs
+
+def _job_line(svc: Service, job: JobRecord, key: str) -> None:
+    left, right = st.columns([6, 1], vertical_alignment="center")
+    left.progress(views.job_fraction(job), text=views.job_text(job))
+    if job.status in views.ACTIVE_JOB and not job.cancel_requested:
+        if right.button("Stop", key=f"{key}:stop:{job.id}", icon=":material/stop_circle:",
+                        help="Stops cooperatively: the current instance finishes, the rest can be resumed"):
+            with shown_errors():
+                svc.cancel_job(job.id)
+
+
+@st.fragment(run_every=POLL_SECONDS)
+def _live_jobs(svc: Service, kinds: tuple[str, ...], key: str,
+               on_done: Callable[[JobRecord], None] | None) -> None:
+    """Reruns by itself every POLL_SECONDS while the page is open; reads job state from the store
+    (never from a worker thread), and reruns the whole page once a watched job ends."""
+    try:
+        jobs = [j for j in svc.recent_jobs(limit=40) if j.kind in kinds]
+    except Exception as exc:  # the store briefly unavailable must not kill the poller
+        st.warning(error_text(exc))
+        return
+    watched: set[str] = st.session_state.setdefault(f"_watch:{key}", set())
+    for job in views.active_jobs(jobs, kinds):
+        watched.add(job.id)
+        _job_line(svc, job, key)
+    ended = [j for j in jobs if j.id in watched and j.status not in views.ACTIVE_JOB]
+    if ended:
+        for job in ended:
+            watched.discard(job.id)
+            st.session_state.setdefault(f"_ended:{key}", []).append(job.id)
+            if on_done is not None and job.status == "done":
+                on_done(job)
+        st.rerun(scope="app")
+
+
+def _ended_notes(svc: Service, key: str) -> None:
+    """Say once how each job watched in this session ended (failures stay readable)."""
+    for job_id in st.session_state.pop(f"_ended:{key}", []):
+        with shown_errors():
+            job = svc.job(job_id)
+            what = {"run": "Batch", "diagnose": "Diagnosis", "evolve": "Evolution"}.get(job.kind, job.kind)
+            if job.status == "failed":
+                st.error(f"{what} {job.id} failed: {job.error}", icon=":material/error:")
+            elif job.status == "cancelled":
+                st.warning(f"{what} {job.id} was stopped; it can be resumed.", icon=":material/stop_circle:")
+            else:
+                st.toast(f"{what} {job.id} finished", icon=":material/check_circle:")
+
+
+def job_panel(svc: Service, kinds: Sequence[str], *, key: str,
+              on_done: Callable[[JobRecord], None] | None = None) -> list[JobRecord]:
+    """Progress bars of this page's background jobs, polled while any is active (so the page stays
+    usable and a browser refresh finds them again: their state is in the store). Returns the
+    active jobs as of this script run."""
+    _ended_notes(svc, key)
+    active = views.active_jobs(svc.recent_jobs(limit=40), kinds)
+    if active:
+        _live_jobs(svc, tuple(kinds), key, on_done)
+    return active
+
+
+def recent_failures(svc: Service, kinds: Sequence[str], within_s: float = 3600.0) -> None:
+    """Failed jobs of the last hour, collapsed: a failure must stay findable after a refresh."""
+    import time
+    failed = [j for j in svc.recent_jobs(limit=40) if j.kind in kinds and j.status == "failed"
+              and time.time() - j.updated_at < within_s]
+    if failed:
+        with st.expander(f"{len(failed)} background job(s) failed in the last hour", icon=":material/error:"):
+            for j in failed:
+                st.markdown(f"- `{j.id}` ({j.kind}, {views.when(j.updated_at)}): {md(j.error or 'no message')}")
+
+
+# ---------------------------------------------------------------- runs and trajectories
+
+def run_table(runs: Sequence[RunRecord], *, key: str) -> None:
+    rows = [views.run_row(r) for r in runs]
+    st.dataframe(rows, key=key, hide_index=True, width="stretch", column_config={
+        "accuracy": st.column_config.ProgressColumn("accuracy", format="percent", min_value=0.0, max_value=1.0),
+        "tokens": st.column_config.NumberColumn("tokens", help="prompt + completion tokens (the cost)"),
+        "seconds": st.column_config.NumberColumn("seconds", format="%.1f", help="wall-clock time of the batch"),
+        "label": None if any(r["label"] for r in rows) else st.column_config.Column(width="small"),
+    })
+
+
+def results_table(results: Sequence[InstanceResult], *, key: str) -> None:
+    st.dataframe([views.result_row(r) for r in results], key=key, hide_index=True, width="stretch")
+
+
+def _clip(text: str | None, limit: int) -> str:
+    text = text or ""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_ROLE_NAMES = {"system": ":material/settings:", "user": "user", "assistant": "assistant"}
+
+
+def _message(role: str, content: str) -> None:
+    avatar = _ROLE_NAMES.get(role, ":material/chat:")
+    with st.chat_message(role if role in ("user", "assistant") else "system", avatar=avatar):
+        st.caption(role)
+        st.text(content)
+
+
+def trajectory(result: InstanceResult) -> None:
+    """Everything the harness did on one instance: every prompt it sent and every response."""
+    outcome = "correct" if result.correct else (result.error_type or "wrong answer")
+    st.markdown(f"**{md(result.instance_id)}** · {md(result.model)} · {md(result.category)} · **{outcome}**")
+    a, t, c = st.columns(3)
+    a.markdown(f"answer  \n{code(_clip(result.answer, 240)) if result.answer is not None else '—'}")
+    t.markdown(f"target  \n{code(result.target)}")
+    c.markdown(f"cost  \n{len(result.calls)} call(s), {result.prompt_tokens}+{result.completion_tokens} tokens, "
+               f"{result.wall_seconds:.2f} s")
+    if result.error_type:
+        st.error(f"{result.error_type}: {result.error_message or ''}", icon=":material/bug_report:")
+    if result.stdout_tail:
+        with st.expander("harness output (stdout tail)"):
+            st.code(result.stdout_tail, language=None)
+    if not result.calls:
+        st.caption("The harness made no model call on this instance.")
+    for call in result.calls:
+        with st.container(border=True):
+            cache = " · cache hit" if call.cache_hit else ""
+            tokens = f"{call.prompt_tokens}+{call.completion_tokens} tokens"
+            st.caption(f"call {call.seq + 1} · {call.model} · {tokens} · "
+                       f"{call.latency_s:.2f} s · finish: {call.finish_reason}{cache}")
+            for m in call.request.get("messages", []):
+                _message(str(m.get("role", "user")), str(m.get("content", "")))
+            _message("assistant", call.text)
+            if call.error:
+                st.error(call.error, icon=":material/error:")
+
+
+def run_metrics(run: RunRecord) -> None:
+    s = run.summary or {}
+    cols = st.columns(5)
+    cols[0].metric("accuracy", views.pct(s.get("accuracy")))
+    cols[1].metric("instances", len(run.instance_ids))
+    cols[2].metric("tokens", int(s.get("prompt_tokens", 0)) + int(s.get("completion_tokens", 0)))
+    cols[3].metric("model calls", s.get("model_calls", 0), help=f"{s.get('cache_hits', 0)} served from the cache")
+    cols[4].metric("seconds", f"{float(s.get('wall_seconds_total', s.get('wall_seconds', 0.0))):.1f}")
+    by_cat = s.get("accuracy_by_category") or {}
+    if by_cat:
+        st.caption("by category: " + " · ".join(f"{md(k)} {v:.0%}" for k, v in by_cat.items()))
+
+
+def run_detail(svc: Service, run: RunRecord) -> None:
+    """One run: its numbers, its per-instance results, and any instance's whole trajectory."""
+    run_metrics(run)
+    results = svc.results(run.id)
+    if not results:
+        st.caption("No instance has finished yet.")
+        return
+    results_table(results, key=f"results:{run.id}")
+    left, right = st.columns([3, 2], vertical_alignment="bottom")
+    ordered = sorted(results, key=lambda r: (r.correct, r.instance_id))
+    labels = {r.instance_id: f"{r.instance_id} · {'correct' if r.correct else r.error_type or 'wrong'}"
+              for r in ordered}
+    with left:
+        chosen = pick("Trajectory of instance", [r.instance_id for r in ordered], labels, key=f"traj:{run.id}")
+    with right:
+        if st.button("Diagnose this run's failures", key=f"diagnose:{run.id}", icon=":material/hub:",
+                     disabled=run.status != "done"):
+            with shown_errors():
+                svc.start_diagnosis_job([run.id])
+                remember("runs_for_diagnosis", run.id)
+                st.success("Diagnosis started.")
+                page_link("clusters", "Watch it on Failure clusters", ":material/bubble_chart:")
+    found = next((r for r in results if r.instance_id == chosen), None)
+    if found is not None:
+        trajectory(found)
+
+
+def find_result(svc: Service, run_id: str, instance_id: str) -> InstanceResult | None:
+    return next((r for r in svc.results(run_id) if r.instance_id == instance_id), None)
+
+
+# ---------------------------------------------------------------- clusters and roles
+
+def verdict_badge(verdict: str) -> None:
+    st.badge(verdict, color=VERDICT_BADGE.get(verdict, "gray"))  # type: ignore[arg-type]
+
+
+def cluster_card(c: Mapping[str, Any]) -> None:
+    """A cluster as the engine judged it: verdict, spread, systematicity, why, evidence, patch."""
+    with st.container(border=True):
+        head, badge = st.columns([5, 1], vertical_alignment="center")
+        head.markdown(f"#### {md(c['id'])} · {md(c['label'])}")
+        with badge:
+            verdict_badge(c["verdict"])
+        m1, m2, m3, m4 = st.columns(4)
+        m1.metric("failures", c["size"])
+        m2.metric("instances", len(c.get("instances", [])))
+        m3.metric("categories", len(c.get("categories", {})))
+        m4.metric("systematicity", f"{c.get('systematicity', 0.0):.2f}")
+        st.markdown(md(c.get("reason", "")))
+        parts = c.get("components", {})
+        st.caption("systematicity components: " + " · ".join(
+            f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in parts.items()))
+        if c.get("evidence"):
+            st.markdown("\n".join(f"- {md(e)}" for e in c["evidence"]))
+        st.caption(f"patch: {views.patch_status(c)}")
+
+
+def _checks(checks: Iterable[Mapping[str, Any]]) -> None:
+    for ch in checks:
+        mark = ":green[✓]" if ch.get("ok") else ":red[✗]"
+        st.markdown(f"{mark} **{md(ch.get('name'))}** — {md(ch.get('detail', ''))}")
+
+
+def _role_message(m: Mapping[str, Any]) -> None:
+    role, kind = str(m.get("role", "")), str(m.get("kind", ""))
+    who = "Engine checks" if kind == "check" else role.title()
+    avatar = ROLE_AVATAR["engine"] if kind == "check" else ROLE_AVATAR.get(role, ":material/person:")
+    with st.chat_message(who, avatar=avatar):
+        st.markdown(f"**{who}** <span style='color:#8a857c'>· {md(kind)} · {md(m.get('backend', ''))}</span>",
+                    unsafe_allow_html=True)
+        if kind == "check":
+            _checks((m.get("data") or {}).get("checks", []))
+        elif kind in ("prompt", "reply", "repair"):
+            with st.expander({"prompt": "prompt sent", "reply": "raw reply", "repair": "repair request"}[kind]):
+                st.text(m.get("text", ""))
+        else:
+            st.markdown(md(m.get("text", "")))
+            if m.get("data"):
+                with st.expander("structured output"):
+                    st.json(m["data"], expanded=1)
+
+
+def chat_transcript(messages: Sequence[Mapping[str, Any]]) -> None:
+    """The role-by-role conversation, round by round, readable like a chat."""
+    if not messages:
+        st.caption("No role conversation for this cluster.")
+        return
+    for number, round_messages in views.by_round(messages):
+        st.markdown(f"<div style='color:#8a857c;font-size:0.85rem;margin:0.6rem 0 0.2rem'>— round {number} —</div>",
+                    unsafe_allow_html=True)
+        for m in round_messages:
+            _role_message(m)
+
+
+def spec_card(spec: Mapping[str, Any]) -> None:
+    """A modification specification: what changes where, why, the expected effect, the risk."""
+    files = ", ".join(code(f) for f in spec.get("target_files", []))
+    operator = f" · operator {code(spec['operator'])}" if spec.get("operator") else " · hand-written"
+    st.markdown(f"**Change** ({files}{operator})  \n{md(spec.get('change', ''))}")
+    st.markdown(f"**Root cause**  \n{md(spec.get('root_cause', ''))}")
+    st.markdown(f"**Expected effect**  \n{md(spec.get('expected_effect', ''))}")
+    st.markdown(f"**Scope**  \n{md(spec.get('scope', ''))}")
+    st.warning(f"**Risk** — {md(spec.get('risk', ''))}", icon=":material/warning:")
+    if spec.get("exemplars"):
+        st.caption("few-shot exemplars quoted: " + ", ".join(spec["exemplars"]))
+
+
+def checks_list(checks: Iterable[Mapping[str, Any]]) -> None:
+    _checks(checks)
+
+
+# ---------------------------------------------------------------- diffs
+
+DIFF_MODES = ("Side by side", "Inline", "Unified")
+
+
+def as_file_diffs(diffs: Iterable[FileDiff | Mapping[str, Any]]) -> list[FileDiff]:
+    return [d if isinstance(d, FileDiff) else FileDiff.from_json(d) for d in diffs]
+
+
+def diff_view(diffs: Iterable[FileDiff | Mapping[str, Any]], *, key: str) -> None:
+    """Per-file diffs, side by side or inline (diff-match-patch, character highlights), or unified."""
+    shown = as_file_diffs(diffs)
+    if not shown:
+        st.caption("No file differs.")
+        return
+    mode = st.segmented_control("Diff view", DIFF_MODES, default=DIFF_MODES[0], key=f"{key}:mode",
+                                label_visibility="collapsed") or DIFF_MODES[0]
+    for d in shown:
+        added, removed = diffview.stats(d.old, d.new)
+        st.markdown(f"**{code(d.path)}** · {d.change} · :green[+{added}] :red[−{removed}]")
+        if mode == "Unified":
+            st.code(d.unified, language="diff")
+        elif mode == "Inline":
+            st.html(diffview.inline_html(d.old, d.new))
+        else:
+            st.html(diffview.side_by_side_html(d.old, d.new))

@@ -1,0 +1,133 @@
+"""The evolution page's sections: watching one evolution iteration by iteration (polled while it
+runs or waits for decisions) and comparing the two strategies with the numbers stated."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import charts, views
+from app import components as ui
+from app.guard import shown_errors
+from ecdysis.service import Service
+from ecdysis.store import EvolutionRecord
+
+LIVE = ("running", "waiting")
+
+
+def worker_state(svc: Service, evo: EvolutionRecord) -> tuple[bool, str | None]:
+    """(a job is working on it, the error of its last job if that failed). An evolution whose
+    job died keeps status 'running' in its record; the job says what really happened."""
+    mine = [j for j in svc.recent_jobs(limit=100) if j.kind == "evolve" and j.params.get("evolution_id") == evo.id]
+    if any(j.status in views.ACTIVE_JOB for j in mine):
+        return True, None
+    last = max(mine, key=lambda j: j.updated_at, default=None)
+    return False, (last.error or "failed") if last is not None and last.status == "failed" else None
+
+
+def _where(evo: EvolutionRecord) -> str:
+    cursor = evo.result.get("cursor", {})
+    if cursor.get("phase") == "finished":
+        return "finished"
+    planned = evo.config.get("iterations", "?")
+    return f"iteration {cursor.get('iteration', '—')}/{planned}, phase {cursor.get('phase', '—')}"
+
+
+def _status(svc: Service, evo: EvolutionRecord) -> None:
+    gate = "auto-approve" if evo.config.get("auto_approve") else "human gate"
+    st.markdown(f"**{evo.strategy}** on **{ui.md(evo.suite)}** with {ui.md(', '.join(evo.models))} · {gate} · "
+                f"status **{evo.status}** · {_where(evo)}")
+    cursor = evo.result.get("cursor", {})
+    if evo.status == "waiting" or cursor.get("phase") == "gate":
+        pending = [p for p in svc.proposals(status="pending") if p.diagnosis_id == cursor.get("diagnosis_id")]
+        if pending and not evo.config.get("auto_approve"):
+            st.warning(f"Waiting for your decision on {len(pending)} proposal(s).", icon=":material/pending_actions:")
+            ui.page_link("review", "Decide on the Review page", ":material/rate_review:")
+    if evo.result.get("stopped"):
+        st.caption(ui.md(evo.result["stopped"]))
+
+
+def _body(svc: Service, evo: EvolutionRecord) -> None:
+    _status(svc, evo)
+    stats = views.strategy_stats(evo)
+    cols = st.columns(5)
+    cols[0].metric("iterations done", len(evo.iterations))
+    cols[1].metric("final validation", views.pct(stats.final_val))
+    cols[2].metric("test (sealed)", views.pct(stats.test_accuracy),
+                   delta=None if stats.test_accuracy is None or stats.base_test_accuracy is None
+                   else f"{100 * (stats.test_accuracy - stats.base_test_accuracy):+.1f} pts vs base")
+    cols[3].metric("training time", f"{stats.train_seconds:.0f} s")
+    cols[4].metric("model calls", stats.model_calls)
+    if evo.iterations:
+        st.plotly_chart(charts.evolution_curves([(evo.id, evo.strategy, evo.iterations, stats.test_accuracy)]),
+                        key=f"curve:{evo.id}", config={"displayModeBar": False})
+        st.dataframe(views.iteration_rows(evo), hide_index=True, width="stretch")
+    else:
+        st.caption("The first iteration is running: train batch, then diagnosis, gate and validation.")
+
+
+def is_live(svc: Service, evo: EvolutionRecord) -> bool:
+    working, _ = worker_state(svc, evo)
+    return evo.status in LIVE and working
+
+
+@st.fragment(run_every=ui.POLL_SECONDS)
+def _live(svc: Service, evolution_id: str) -> None:
+    """Re-read the evolution from the store every few seconds; rerun the page once it settles."""
+    evo = svc.get_evolution(evolution_id)
+    _body(svc, evo)
+    if not is_live(svc, evo):
+        st.rerun(scope="app")
+
+
+def watch(svc: Service, evo: EvolutionRecord) -> None:
+    if is_live(svc, evo):
+        _live(svc, evo.id)
+        return
+    _body(svc, evo)
+    _, error = worker_state(svc, evo)
+    if error and evo.status in LIVE:
+        st.error(f"The evolution's background job failed: {ui.md(error)}", icon=":material/error:")
+    if (evo.status in ("stopped", "failed") or error) and st.button("Resume this evolution", key=f"resume:{evo.id}",
+                                                         icon=":material/resume:"):
+        with shown_errors():
+            svc.resume_evolution_job(evo.id)
+            st.rerun()
+
+
+def _latest(evos: list[EvolutionRecord], strategy: str) -> str | None:
+    mine = [e for e in evos if e.strategy == strategy]
+    done = [e for e in mine if e.status == "done"]
+    return (done or mine)[0].id if (done or mine) else None
+
+
+def compare(evos: list[EvolutionRecord]) -> None:
+    """Ecdysis against per-instance search: curves, cost bars, and the speedup and delta in numbers."""
+    by_id = {e.id: e for e in evos}
+    labels = {e.id: views.evolution_label(e) for e in evos}
+    ecd_ids = [e.id for e in evos if e.strategy == "ecdysis"]
+    per_ids = [e.id for e in evos if e.strategy == "per-instance"]
+    if not ecd_ids or not per_ids:
+        ui.empty_state("A comparison needs one evolution of each strategy.",
+                       "Start one with strategy 'both, side by side' (same suite, models and budget for each).")
+        return
+    left, right = st.columns(2)
+    with left:
+        a = ui.pick("Ecdysis evolution", ecd_ids, labels, key="cmp:ecdysis", default=_latest(evos, "ecdysis"))
+    with right:
+        b = ui.pick("Per-instance evolution", per_ids, labels, key="cmp:per", default=_latest(evos, "per-instance"))
+    if not a or not b:
+        return
+    ea, eb = by_id[a], by_id[b]
+    result = views.compare(ea, eb)
+    for sentence in result.sentences():
+        st.markdown(f"- {sentence}")
+    st.caption("Training time is the wall-clock time of the iterations (batch, diagnosis, gate, validation). Cached "
+               "responses and reused identical runs cost almost nothing, so compare evolutions that ran on equal "
+               "terms (one after the other on a fresh data folder, or on different instances).")
+    if (ea.suite, sorted(ea.models)) != (eb.suite, sorted(eb.models)):
+        st.warning("These evolutions ran on different suites or models; the numbers are not a fair comparison.")
+    series = [(f"ecdysis {ea.id[:6]}", "ecdysis", ea.iterations, result.ecdysis.test_accuracy),
+              (f"per-instance {eb.id[:6]}", "per-instance", eb.iterations, result.per_instance.test_accuracy)]
+    st.plotly_chart(charts.evolution_curves(series), key="cmp:curves", config={"displayModeBar": False})
+    st.plotly_chart(charts.cost_bars([result.ecdysis, result.per_instance]), key="cmp:cost",
+                    config={"displayModeBar": False})

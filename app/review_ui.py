@@ -1,0 +1,139 @@
+"""The human gate: one proposal's specification, risk, checks and per-file diff, and the three
+decisions (approve, edit the patched files with a live diff, reject with a reason); then apply it as
+the next harness version and offer to evaluate that version."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import components as ui
+from app import views
+from app.guard import shown_errors
+from app.state import remember
+from ecdysis.diffs import diff_files
+from ecdysis.service import RunRequest, Service
+from ecdysis.store import ProposalRecord
+
+STATUS_FILTERS = ["pending", "approved", "edited", "applied", "rejected", "all"]
+FILTER_KEY = "review:filter"
+_NEXT_FILTER = "_review:next_filter"
+
+
+def follow(status: str) -> None:
+    """After a decision, show the proposal under its new status on the next run (a widget's state
+    may only be set before the widget is drawn, so the page calls `apply_follow` first)."""
+    st.session_state[_NEXT_FILTER] = status
+
+
+def apply_follow() -> None:
+    if _NEXT_FILTER in st.session_state:
+        st.session_state[FILTER_KEY] = st.session_state.pop(_NEXT_FILTER)
+
+
+def header(svc: Service, p: ProposalRecord, title: str) -> None:
+    head, badge = st.columns([6, 1], vertical_alignment="center")
+    head.markdown(f"### {ui.md(title)}")
+    with badge:
+        st.badge(p.status, color=ui.STATUS_BADGE.get(p.status, "gray"))  # type: ignore[arg-type]
+    st.caption(f"proposal {p.id} · diagnosis {p.diagnosis_id} · cluster {p.cluster_id} · "
+               f"applies to harness {views.short(p.harness_version, 12)} · {views.when(p.created_at)}")
+    for d in svc.decisions(p.id):
+        why = f" — {ui.md(d.reason)}" if d.reason else ""
+        st.caption(f"{d.decision} by {ui.md(d.who)} at {views.when(d.at)}{why}")
+
+
+def details(p: ProposalRecord) -> None:
+    """Spec and risk on the left, the Critic's hard checks and objections on the right."""
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        ui.spec_card(p.spec)
+    with right:
+        st.markdown("**Critic's checks**")
+        ui.checks_list(p.data.get("checks", []))
+        if p.data.get("objections"):
+            st.markdown("**Objections**\n" + "\n".join(f"- {ui.md(o)}" for o in p.data["objections"]))
+        if p.data.get("reason"):
+            st.caption(ui.md(p.data["reason"]))
+
+
+def _edited_files(p: ProposalRecord) -> dict[str, str]:
+    return {path: st.session_state.get(f"edit:{p.id}:{path}", text) for path, text in p.files.items()}
+
+
+def editor(svc: Service, p: ProposalRecord, who: str) -> None:
+    """An editor per patched file; the diff against the base version follows every change."""
+    base = svc.harness(p.harness_version).files
+    for path, text in p.files.items():
+        st.text_area(f"`{path}` (patched)", value=text, height=320, key=f"edit:{p.id}:{path}",
+                     help="Ctrl+Enter (or leaving the box) updates the diff below")
+    edited = _edited_files(p)
+    st.markdown("**Your version against the base harness**")
+    ui.diff_view(diff_files({k: base.get(k, "") for k in edited}, edited), key=f"editdiff:{p.id}")
+    if st.button("Save edit and approve it", key=f"save:{p.id}", type="primary", icon=":material/save:"):
+        with shown_errors():
+            svc.decide(p.id, "edit", who=who, reason="edited in review", files=edited)
+            follow("edited")
+            st.rerun()
+
+
+def decisions(svc: Service, p: ProposalRecord, who: str) -> None:
+    """Approve | reject with a reason | edit (toggle), for a pending proposal."""
+    approve, reject = st.columns([1, 3], vertical_alignment="bottom")
+    if approve.button("Approve", key=f"approve:{p.id}", type="primary", icon=":material/check:"):
+        with shown_errors():
+            svc.decide(p.id, "approve", who=who)
+            follow("approved")
+            st.rerun()
+    with reject:
+        r1, r2 = st.columns([4, 1], vertical_alignment="bottom")
+        reason = r1.text_input("Reason for rejecting", key=f"reason:{p.id}",
+                               placeholder="e.g. too specific to one category")
+        if r2.button("Reject", key=f"reject:{p.id}", icon=":material/close:", disabled=not reason.strip()):
+            with shown_errors():
+                svc.decide(p.id, "reject", who=who, reason=reason)
+                st.rerun()
+    if st.toggle("Edit the patched files", key=f"editing:{p.id}"):
+        editor(svc, p, who)
+
+
+def apply_and_evaluate(svc: Service, p: ProposalRecord) -> None:
+    """After approval: apply as the next version; after applying: evaluate it against its parent."""
+    evolution = views.evolution_of(p, svc.evolutions())
+    if evolution is not None:
+        st.info(f"This proposal belongs to evolution {evolution.id}; the evolution applies and validates it "
+                f"itself.", icon=":material/trending_up:")
+        ui.page_link("evolution", "Watch the evolution", ":material/trending_up:")
+        return
+    if p.status in ("approved", "edited"):
+        if st.button("Apply — create the next harness version", key=f"apply:{p.id}", type="primary",
+                     icon=":material/merge:"):
+            with shown_errors():
+                version = svc.apply_proposal(p.id)
+                remember("harness", version.id)
+                follow("applied")
+                st.rerun()
+    elif p.status == "applied":
+        applied = views.applied_version(p.id, svc.harnesses())
+        if applied is not None:
+            st.success(f"Applied as harness version {applied.id} (parent {applied.parent}).", icon=":material/merge:")
+            evaluate_offer(svc, p, applied.id, applied.parent)
+
+
+def evaluate_offer(svc: Service, p: ProposalRecord, version_id: str, parent_id: str | None) -> None:
+    """Run the new version and its parent on the same validation instances, per model of the batch."""
+    diagnosis = svc.get_diagnosis(p.diagnosis_id)
+    runs = [svc.get_run(r) for r in diagnosis.run_ids]
+    suite = runs[0].suite if runs else ""
+    models = sorted({r.model for r in runs})
+    left, right = st.columns([1, 3], vertical_alignment="bottom")
+    size = left.number_input("Validation instances", 1, 5000, 12, key=f"evalsize:{p.id}")
+    if right.button(f"Evaluate on {suite} validation with {', '.join(models)} (new and parent version)",
+                    key=f"evaluate:{p.id}", icon=":material/science:"):
+        with shown_errors():
+            for model in models:
+                for harness, tag in ((version_id, "applied"), (parent_id, "parent")):
+                    if harness:
+                        svc.start_run_job(RunRequest(suite=suite, model=model, harness=harness, split="validation",
+                                                     limit=int(size), label=f"evaluate {tag} of {p.id}"))
+            st.success("Evaluation started.")
+            ui.page_link("runs", "Watch it on Runs", ":material/play_circle:")

@@ -1,0 +1,361 @@
+"""View data: service records turned into the rows, labels and numbers the pages show, and the 2-D
+failure map. No Streamlit here, so every number on screen can be checked without a browser."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from ecdysis.records import InstanceResult, RunRecord
+from ecdysis.store import DiagnosisRecord, EvolutionRecord, HarnessVersion, JobRecord, ProposalRecord
+
+ACTIVE_JOB = ("queued", "running")
+UNFINISHED_RUN = ("pending", "running", "cancelled")
+ROLE_ORDER = ("investigator", "attributor", "proposer", "critic")
+
+
+def short(ident: str | None, n: int = 8) -> str:
+    return (ident or "")[:n]
+
+
+def when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else ""
+
+
+def pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
+# ---------------------------------------------------------------- runs and jobs
+
+def run_row(run: RunRecord) -> dict[str, Any]:
+    """One line of the runs table; cost is tokens and model calls (local models have no price)."""
+    s = run.summary or {}
+    tokens = int(s.get("prompt_tokens", 0)) + int(s.get("completion_tokens", 0))
+    return {"run": run.id, "started": when(run.created_at), "suite": run.suite, "model": run.model,
+            "harness": short(run.harness_version), "split": run.split, "status": run.status,
+            "instances": len(run.instance_ids), "accuracy": s.get("accuracy"),
+            "tokens": tokens if s else None, "model calls": s.get("model_calls"),
+            "cache hits": s.get("cache_hits"),
+            "seconds": round(float(s.get("wall_seconds_total", s.get("wall_seconds", 0.0))), 1) if s else None,
+            "label": run.label}
+
+
+def run_label(run: RunRecord) -> str:
+    acc = (run.summary or {}).get("accuracy")
+    score = f" · {acc:.0%}" if isinstance(acc, (int, float)) else ""
+    return f"{run.id} · {run.model} · {run.suite}/{run.split} · {len(run.instance_ids)} inst{score} · {run.status}"
+
+
+def active_jobs(jobs: Iterable[JobRecord], kinds: Sequence[str]) -> list[JobRecord]:
+    return [j for j in jobs if j.kind in kinds and j.status in ACTIVE_JOB]
+
+
+def job_fraction(job: JobRecord) -> float:
+    if job.status == "done":
+        return 1.0
+    return min(1.0, job.done / job.total) if job.total else 0.0
+
+
+def job_text(job: JobRecord) -> str:
+    what = {"run": "batch", "diagnose": "diagnosis", "evolve": "evolution"}.get(job.kind, job.kind)
+    count = f" · {job.done}/{job.total}" if job.total else ""
+    stop = " · stopping…" if job.cancel_requested and job.status in ACTIVE_JOB else ""
+    return f"{what} {job.id} · {job.status}{count}{' · ' + job.message if job.message else ''}{stop}"
+
+
+def resumable(runs: Iterable[RunRecord], jobs: Iterable[JobRecord]) -> list[RunRecord]:
+    """Unfinished runs that no live job is working on (the process died, or it was stopped)."""
+    busy = {j.params.get("run_id") for j in jobs if j.kind == "run" and j.status in ACTIVE_JOB}
+    return [r for r in runs if r.status in UNFINISHED_RUN and r.id not in busy]
+
+
+def result_row(r: InstanceResult) -> dict[str, Any]:
+    outcome = "correct" if r.correct else (r.error_type or "wrong")
+    return {"instance": r.instance_id, "category": r.category, "outcome": outcome,
+            "answer": (r.answer or "")[:80], "target": r.target[:80], "calls": len(r.calls),
+            "tokens": r.prompt_tokens + r.completion_tokens, "seconds": round(r.wall_seconds, 2)}
+
+
+# ---------------------------------------------------------------- diagnoses
+
+def diagnosis_label(rec: DiagnosisRecord) -> str:
+    rep = rec.report
+    stats = rep.get("stats", {})
+    models = ", ".join(rep.get("models", []))
+    return (f"{rec.id} · {when(rec.created_at)} · {len(rec.run_ids)} run(s) · {models} · "
+            f"{stats.get('failures', 0)} failures → {len(rep.get('clusters', []))} clusters")
+
+
+def clusters(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list(report.get("clusters", []))
+
+
+def cluster_title(c: Mapping[str, Any], width: int = 60) -> str:
+    label = str(c.get("label", ""))
+    shown = label if len(label) <= width else label[: width - 1] + "…"
+    return f"{c['id']} · {shown}"
+
+
+def member_rows(cluster: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [{"instance": m["instance_id"], "model": m["model"], "category": m["category"],
+             "failure": m.get("type", ""), "answer": (m.get("answer") or "")[:60],
+             "target": str(m.get("target", ""))[:60],
+             "evidence": m.get("excerpt", ""), "run": m["run_id"]}
+            for m in cluster.get("members", [])]
+
+
+def proposal_json(report: Mapping[str, Any], cluster_id: str) -> dict[str, Any] | None:
+    return next((p for p in report.get("proposals", []) if p.get("cluster_id") == cluster_id), None)
+
+
+def transcript(report: Mapping[str, Any], cluster_id: str) -> list[dict[str, Any]]:
+    """The role messages of one cluster: its proposal's, or (no proposal came of it) the
+    transcript stored with the cluster's patch outcome; empty for clusters never refined."""
+    proposal = proposal_json(report, cluster_id)
+    if proposal is not None:
+        return list(proposal.get("transcript", []))
+    cluster = next((c for c in clusters(report) if c["id"] == cluster_id), {})
+    return list(cluster.get("patch", {}).get("transcript", []))
+
+
+def by_round(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, list[Mapping[str, Any]]]]:
+    rounds: dict[int, list[Mapping[str, Any]]] = {}
+    for m in messages:
+        rounds.setdefault(int(m.get("round") or 1), []).append(m)
+    return sorted(rounds.items())
+
+
+def patch_status(cluster: Mapping[str, Any]) -> str:
+    patch = cluster.get("patch", {})
+    if patch.get("proposal_id"):
+        state = patch.get("status", "")
+        return f"proposal {patch['proposal_id']} ({state})" if state else f"proposal {patch['proposal_id']}"
+    return str(patch.get("no_patch_reason") or "not refined")
+
+
+# ---------------------------------------------------------------- the failure map
+
+@dataclass(frozen=True)
+class MapPoint:
+    """One failure placed on the 2-D map (x, y from its evidence text)."""
+
+    x: float
+    y: float
+    cluster_id: str
+    instance: str
+    model: str
+    category: str
+    excerpt: str
+
+
+def _jitter(key: str, scale: float) -> tuple[float, float]:
+    """A small deterministic offset, so failures with identical evidence do not hide each other."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return ((digest[0] / 255 - 0.5) * scale, (digest[1] / 255 - 0.5) * scale)
+
+
+def failure_map(report: Mapping[str, Any]) -> list[MapPoint]:
+    """Every failure of a diagnosis at 2-D coordinates: TF-IDF of its evidence (signature, type
+    and excerpt) reduced by truncated SVD, the same text the clustering worked on. No model calls."""
+    members = [(c["id"], m) for c in clusters(report) for m in c.get("members", [])]
+    if not members:
+        return []
+    texts = [f"{m.get('type', '')} {m.get('signature', '')} {m.get('excerpt', '')}" for _, m in members]
+    coords = _project(texts)
+    span = max(1e-9, float(coords[:, 0].max() - coords[:, 0].min()), float(coords[:, 1].max() - coords[:, 1].min()))
+    points = []
+    for (cid, m), (x, y) in zip(members, coords):
+        dx, dy = _jitter(f"{m['run_id']}/{m['instance_id']}", 0.04 * span)
+        points.append(MapPoint(float(x) + dx, float(y) + dy, cid, m["instance_id"], m["model"],
+                               m["category"], m.get("excerpt", "")))
+    return points
+
+
+def _project(texts: list[str]) -> Any:
+    import numpy as np
+    from sklearn.decomposition import TruncatedSVD
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    if len(texts) < 3:
+        return np.array([[float(i), 0.0] for i in range(len(texts))])
+    matrix = TfidfVectorizer(sublinear_tf=True, token_pattern=r"(?u)\b\w+\b").fit_transform(texts)
+    if matrix.shape[1] < 3:
+        padded = np.zeros((len(texts), 2))
+        padded[:, : matrix.shape[1]] = matrix.toarray()
+        return padded
+    return TruncatedSVD(n_components=2, random_state=0).fit_transform(matrix)
+
+
+# ---------------------------------------------------------------- proposals
+
+def proposal_label(p: ProposalRecord, titles: Mapping[str, str] | None = None) -> str:
+    title = (titles or {}).get(f"{p.diagnosis_id}/{p.cluster_id}", p.cluster_id)
+    return f"{p.id} · {p.status} · {title}"
+
+
+def cluster_titles(diagnoses: Iterable[DiagnosisRecord], width: int = 50) -> dict[str, str]:
+    """`diagnosis id/cluster id` -> readable cluster title, for labelling proposals."""
+    return {f"{d.id}/{c['id']}": cluster_title(c, width) for d in diagnoses for c in clusters(d.report)}
+
+
+def evolution_of(proposal: ProposalRecord, evolutions: Iterable[EvolutionRecord]) -> EvolutionRecord | None:
+    """The evolution whose diagnosis produced this proposal (it applies the proposal itself)."""
+    return next((e for e in evolutions if proposal.diagnosis_id in e.result.get("diagnoses", [])), None)
+
+
+def applied_version(proposal_id: str, harnesses: Iterable[HarnessVersion]) -> HarnessVersion | None:
+    return next((h for h in harnesses
+                 if any(a.get("proposal_id") == proposal_id for a in h.metrics.get("applied", []))), None)
+
+
+# ---------------------------------------------------------------- evolutions
+
+def evolution_label(e: EvolutionRecord) -> str:
+    planned = e.config.get("iterations", "?")
+    return (f"{e.id} · {e.strategy} · {e.suite} · {', '.join(e.models)} · {e.status} · "
+            f"{len(e.iterations)}/{planned} iterations")
+
+
+def iteration_rows(e: EvolutionRecord) -> list[dict[str, Any]]:
+    return [{"iteration": r.get("iteration"), "train acc": r.get("train_accuracy"),
+             "validation acc": r.get("val_accuracy"), "proposals": r.get("proposals"),
+             "applied": r.get("applied"), "rolled back": r.get("rolled_back"), "gate": r.get("gate"),
+             "model calls": r.get("model_calls"), "tokens": r.get("tokens"), "seconds": r.get("wall_seconds"),
+             "version": short(r.get("harness_version"))} for r in e.iterations]
+
+
+@dataclass(frozen=True)
+class StrategyStats:
+    """What one evolution cost and achieved, as the comparison states it."""
+
+    evolution_id: str
+    strategy: str
+    train_seconds: float
+    model_calls: int
+    tokens: int
+    final_val: float | None
+    test_accuracy: float | None
+    base_test_accuracy: float | None
+
+
+def strategy_stats(e: EvolutionRecord) -> StrategyStats:
+    spent = e.result.get("spent") or {}
+    vals = [r.get("val_accuracy") for r in e.iterations if r.get("val_accuracy") is not None]
+    return StrategyStats(
+        evolution_id=e.id, strategy=e.strategy,
+        train_seconds=round(sum(float(r.get("wall_seconds") or 0.0) for r in e.iterations), 2),
+        model_calls=int(spent.get("calls") or sum(int(r.get("model_calls") or 0) for r in e.iterations)),
+        tokens=int(spent.get("tokens") or sum(int(r.get("tokens") or 0) for r in e.iterations)),
+        final_val=vals[-1] if vals else None, test_accuracy=e.result.get("test_accuracy"),
+        base_test_accuracy=e.result.get("base_test_accuracy"))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Ecdysis against per-instance search: the speedup in training time and model calls, and the
+    test-accuracy delta in percentage points (None where a side has not finished)."""
+
+    ecdysis: StrategyStats
+    per_instance: StrategyStats
+    speedup: float | None
+    calls_ratio: float | None
+    accuracy_delta: float | None
+
+    def sentences(self) -> list[str]:
+        e, p = self.ecdysis, self.per_instance
+        out = []
+        if self.speedup is not None:
+            out.append(f"Training time: ecdysis {e.train_seconds:.1f} s vs per-instance {p.train_seconds:.1f} s "
+                       f"— {_ratio(self.speedup, 'faster', 'slower')}.")
+        if self.calls_ratio is not None:
+            out.append(f"Model calls: ecdysis {e.model_calls} vs per-instance {p.model_calls} "
+                       f"— {_ratio(self.calls_ratio, 'fewer', 'more')}.")
+        if self.accuracy_delta is not None:
+            out.append(f"Test accuracy: ecdysis {pct(e.test_accuracy)} vs per-instance {pct(p.test_accuracy)} "
+                       f"— {self.accuracy_delta:+.1f} percentage points.")
+        else:
+            out.append("Test accuracy: not available until both evolutions finish (the test split is scored once, "
+                       "at the end).")
+        return out
+
+
+def _ratio(value: float, better: str, worse: str) -> str:
+    """1.84 -> '1.84× faster'; 0.5 -> '2.00× slower' (a ratio below one reads inverted)."""
+    return f"{value:.2f}× {better}" if value >= 1 else f"{1 / value:.2f}× {worse}"
+
+
+def compare(ecdysis: EvolutionRecord, per_instance: EvolutionRecord) -> Comparison:
+    e, p = strategy_stats(ecdysis), strategy_stats(per_instance)
+    speedup = p.train_seconds / e.train_seconds if e.train_seconds > 0 and p.train_seconds > 0 else None
+    calls = p.model_calls / e.model_calls if e.model_calls > 0 and p.model_calls > 0 else None
+    delta = (100.0 * (e.test_accuracy - p.test_accuracy)
+             if e.test_accuracy is not None and p.test_accuracy is not None else None)
+    return Comparison(e, p, speedup, calls, delta)
+
+
+# ---------------------------------------------------------------- harness lineage
+
+def validation_scores(harnesses: Iterable[HarnessVersion], runs: Iterable[RunRecord]) -> dict[str, float]:
+    """Each version's validation accuracy: the evolution's gate measurement when there is one,
+    otherwise the newest finished validation run of that version."""
+    scores: dict[str, float] = {}
+    for run in sorted(runs, key=lambda r: r.created_at):
+        acc = (run.summary or {}).get("accuracy")
+        if run.split == "validation" and run.status == "done" and isinstance(acc, (int, float)):
+            scores[run.harness_version] = float(acc)
+    for h in harnesses:
+        val = h.metrics.get("val_accuracy")
+        if isinstance(val, (int, float)):
+            scores[h.id] = float(val)
+    return scores
+
+
+def harness_row(h: HarnessVersion, scores: Mapping[str, float]) -> dict[str, Any]:
+    return {"version": h.id, "status": h.status, "parent": h.parent or "", "validation": scores.get(h.id),
+            "note": h.note, "created": when(h.created_at), "files": len(h.files)}
+
+
+def harness_label(h: HarnessVersion, scores: Mapping[str, float] | None = None) -> str:
+    score = (scores or {}).get(h.id)
+    return f"{h.id} · {h.status}{f' · val {score:.0%}' if score is not None else ''} · {h.note[:40]}"
+
+
+STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (fill colour, edge style)
+    "starter": ("#e8e6e1", "solid"), "accepted": ("#cdebd9", "solid"), "candidate": ("#dbe7fb", "solid"),
+    "rolled_back": ("#fde3c8", "dashed"), "rejected": ("#f7d4d7", "dashed"), "imported": ("#e6dcf7", "solid"),
+}
+
+
+def _dot_text(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', "'")
+
+
+def lineage_dot(harnesses: Sequence[HarnessVersion], scores: Mapping[str, float],
+                rejected: Sequence[ProposalRecord] = ()) -> str:
+    """Graphviz DOT of the version tree: parent -> child, filled by status (accepted, rolled back,
+    rejected told apart by colour and a dashed edge), each node with its validation score; rejected
+    proposals hang off the version they targeted as dotted leaves."""
+    known = {h.id for h in harnesses}
+    lines = ['digraph lineage {', 'rankdir=LR; bgcolor="transparent";',
+             'node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11, color="#8a857c"];',
+             'edge [color="#8a857c", arrowsize=0.7];']
+    for h in sorted(harnesses, key=lambda h: h.created_at):
+        fill, _ = STATUS_STYLE.get(h.status, ("#ffffff", "solid"))
+        score = scores.get(h.id)
+        label = f"{h.id[:8]}\\n{h.status.replace('_', ' ')}" + (f"\\nval {score:.0%}" if score is not None else "")
+        tip = _dot_text(h.note or h.status)
+        lines.append(f'"{h.id}" [label="{label}", fillcolor="{fill}", tooltip="{tip}"];')
+    for h in harnesses:
+        if h.parent and h.parent in known:
+            _, style = STATUS_STYLE.get(h.status, ("", "solid"))
+            lines.append(f'"{h.parent}" -> "{h.id}" [style={style}];')
+    for p in rejected:
+        if p.harness_version in known:
+            lines.append(f'"{p.id}" [label="{p.id[:8]}\\nproposal rejected", shape=note, fillcolor="#f7d4d7", '
+                         f'style="filled,dotted", fontsize=9];')
+            lines.append(f'"{p.harness_version}" -> "{p.id}" [style=dotted, color="#c53948"];')
+    lines.append("}")
+    return "\n".join(lines)

@@ -1,0 +1,464 @@
+"""The Streamlit pages under `streamlit.testing.v1.AppTest`: every page renders (empty and with data),
+its key widgets work, and engine errors reach the page as one line, never a traceback.
+
+The world is real and small: two scripted models ("alpha", "beta") ran the starter harness through
+the real runner and store on 10 reasoning-mix instances, and the heuristic roles diagnosed the batch.
+By construction alpha always answers "Sure! Here is my answer: 42" (prose before the answer, on
+every category: a harness-level cluster), and beta does the same except that it only "thinks step
+by step" on date and counting questions. Fragment reruns and dialogs are outside AppTest's reach;
+the Playwright test (`test_app_e2e.py`) covers those with the real embedded model.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app import diffview, views
+from app.guard import error_text, password_matches
+from ecdysis.errors import InputError
+from ecdysis.evolve import EvolveConfig
+from ecdysis.models.registry import register_backend
+from ecdysis.models.scripted import Rule, ScriptedBackend
+from ecdysis.service import RunRequest, Service
+from ecdysis.store import EvolutionRecord, HarnessVersion, ProposalRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+MAIN = ROOT / "app" / "main.py"
+PAGES = ["1_runs", "2_clusters", "3_diagnoses", "4_review", "5_evolution", "6_harnesses"]
+SURE = "Sure! Here is my answer: 42\nI hope this helps."
+THINK = "Let me think step by step about this problem first."
+
+
+def register_models() -> None:
+    register_backend(ScriptedBackend(model_id="alpha", default=SURE))
+    register_backend(ScriptedBackend([Rule(THINK, "MM/DD/YYYY"), Rule(THINK, "How many")],
+                                     model_id="beta", default=SURE))
+
+
+def open_service() -> Service:
+    from storage import open_store
+    return Service(open_store())
+
+
+@dataclass(frozen=True)
+class World:
+    run_ids: list[str]
+    diagnosis_id: str
+    proposal_ids: list[str]
+
+
+@pytest.fixture(scope="module")
+def world_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, World]]:
+    """Built once per module (runs + diagnosis take a few seconds); each test gets a copy."""
+    home = tmp_path_factory.mktemp("app-world")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ECDYSIS_HOME", str(home))
+        mp.delenv("ECDYSIS_DATABASE_URL", raising=False)
+        register_models()
+        svc = open_service()
+        runs = [svc.run(RunRequest(suite="reasoning-mix", model=m, limit=10)).run_id for m in ("alpha", "beta")]
+        diagnosis = svc.diagnose(runs)
+        proposals = [p.id for p in svc.proposals(diagnosis_id=diagnosis.id, status="pending")]
+        svc.store.close()  # type: ignore[attr-defined]
+    yield home, World(runs, diagnosis.id, proposals)
+
+
+@pytest.fixture
+def world(world_template: tuple[Path, World], ecdysis_home: Path) -> World:
+    template, built = world_template
+    shutil.copytree(template, ecdysis_home)
+    register_models()
+    return built
+
+
+@pytest.fixture
+def svc(ecdysis_home: Path) -> Iterator[Service]:
+    service = open_service()
+    yield service
+    service.store.close()  # type: ignore[attr-defined]
+
+
+def open_page(page: str) -> AppTest:
+    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.run()
+    at.switch_page(f"../pages/{page}.py").run()
+    assert_clean(at)
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.message for e in at.exception]
+    assert not [e.value for e in at.error], [e.value for e in at.error]
+
+
+def by_label(widgets: Any, label: str) -> Any:
+    found = [w for w in widgets if w.label == label]
+    assert found, f"no widget labelled {label!r} among {[w.label for w in widgets]}"
+    return found[0]
+
+
+def html_of(at: AppTest) -> list[str]:
+    return [str(getattr(h, "value", "")) for h in at.get("html")]
+
+
+def texts(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [c.value for c in at.caption] + [i.value for i in at.info]
+    parts += [w.value for w in at.warning] + [s.value for s in at.success]
+    return "\n".join(str(p) for p in parts)
+
+
+def wait_jobs(svc: Service, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while any(j.status in ("queued", "running") for j in svc.recent_jobs(limit=50)):
+        assert time.time() < deadline, "background jobs did not finish"
+        time.sleep(0.3)
+
+
+# ---------------------------------------------------------------- a new user's first look
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_its_empty_state(page: str) -> None:
+    at = open_page(page)
+    assert at.title, "each page has a title"
+    if page == "1_runs":
+        assert "No runs yet — start one with the embedded model." in texts(at)
+        assert by_label(at.selectbox, "Suite").value == "reasoning-mix"
+        assert by_label(at.multiselect, "Model(s)").value == ["smollm2"]
+    elif page == "6_harnesses":
+        assert at.get("graphviz_chart"), "the lineage tree shows the starter version"
+    else:
+        assert at.info, "an empty page says what to do next"
+
+
+def test_password_gate_asks_first_and_compares(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ECDYSIS_APP_PASSWORD", "moult-2026")
+    at = AppTest.from_file(str(MAIN), default_timeout=30).run()
+    assert [t.value for t in at.title] == ["Ecdysis"] and not at.form_submit_button[0].disabled
+    assert not [s for s in at.selectbox], "no page runs before the password"
+    at.text_input[0].input("wrong")
+    at.form_submit_button[0].click().run()
+    assert "That password is not right." in [e.value for e in at.error]
+    at.text_input[0].input("moult-2026")
+    at.form_submit_button[0].click().run()
+    assert [t.value for t in at.title] == ["Runs"]
+    assert password_matches("a", "a") and not password_matches("a", "b")
+
+
+# ---------------------------------------------------------------- runs
+
+def test_runs_page_starts_a_batch_in_the_background(ecdysis_home: Path, svc: Service) -> None:
+    register_models()
+    at = open_page("1_runs")
+    by_label(at.multiselect, "Model(s)").set_value(["alpha", "beta"])
+    by_label(at.number_input, "Batch size").set_value(4)
+    at.form_submit_button[0].click().run(timeout=60)
+    assert_clean(at)
+    jobs = [j for j in svc.recent_jobs() if j.kind == "run"]
+    assert len(jobs) == 2, "one background job per chosen model"
+    wait_jobs(svc)
+    at.run()
+    assert_clean(at)
+    table = at.dataframe[0].value
+    assert sorted(table["model"]) == ["alpha", "beta"] and set(table["status"]) == {"done"}
+    assert list(table["instances"]) == [4, 4] and all(t > 0 for t in table["tokens"])
+    assert "call 1" in texts(at), "the chosen run shows an instance's whole trajectory"
+    assert any(m.name == "assistant" for m in at.chat_message)
+
+
+def test_runs_page_shows_an_unknown_model_as_one_line() -> None:
+    at = open_page("1_runs")
+    by_label(at.multiselect, "Model(s)").set_value(["nosuch-model"])
+    at.form_submit_button[0].click().run()
+    assert not at.exception
+    assert any("unknown model 'nosuch-model'" in e.value for e in at.error)
+
+
+def test_unfinished_run_offers_resume(world: World, svc: Service) -> None:
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3))
+    at = open_page("1_runs")
+    resume = at.button(key=f"resume:{run.id}")
+    resume.click().run()
+    assert_clean(at)
+    wait_jobs(svc)
+    assert svc.get_run(run.id).status == "done"
+
+
+# ---------------------------------------------------------------- clusters and diagnoses
+
+def test_clusters_page_charts_and_drilldown(world: World, svc: Service) -> None:
+    at = open_page("2_clusters")
+    assert len(at.get("plotly_chart")) == 4, "sizes by verdict, x category, x model, failure map"
+    report = svc.get_diagnosis(world.diagnosis_id).report
+    cluster = by_label(at.selectbox, "Cluster")
+    assert cluster.value == report["clusters"][0]["id"]
+    last = report["clusters"][-1]
+    cluster.set_value(last["id"]).run()
+    assert_clean(at)
+    assert f"{last['id']} · " in texts(at).replace("\\", "")
+    member = by_label(at.selectbox, "Trajectory of instance")
+    assert member.value.endswith(last["members"][0]["instance_id"])
+    assert any(m.name == "assistant" for m in at.chat_message), "every prompt and response of the instance"
+
+
+def test_diagnoses_page_reads_like_a_chat(world: World) -> None:
+    at = open_page("3_diagnoses")
+    names = {m.name for m in at.chat_message}
+    assert {"Investigator", "Attributor", "Proposer", "Critic", "Engine checks"} <= names
+    page = texts(at)
+    assert "round 1" in page and "Final modification specification" in page
+    assert any("Risk" in w.value for w in at.warning)
+
+
+# ---------------------------------------------------------------- review
+
+def test_review_approve_apply_then_evaluate(world: World, svc: Service) -> None:
+    at = open_page("4_review")
+    pid = by_label(at.selectbox, "Proposal").value
+    assert at.get("html"), "the diff is rendered (diff-match-patch side by side)"
+    at.button(key=f"approve:{pid}").click().run()
+    assert_clean(at)
+    assert svc.get_proposal(pid).status == "approved"
+    assert by_label(at.segmented_control, "Show").value == "approved", "the decided proposal stays in view"
+    at.button(key=f"apply:{pid}").click().run()
+    assert_clean(at)
+    applied = views.applied_version(pid, svc.harnesses())
+    assert applied is not None and applied.parent == svc.get_proposal(pid).harness_version
+    assert by_label(at.segmented_control, "Show").value == "applied"
+    assert f"Applied as harness version {applied.id}" in texts(at)
+    at.button(key=f"evaluate:{pid}").click().run()
+    assert_clean(at)
+    evaluations = [r for r in svc.runs() if r.label.startswith("evaluate")]
+    assert {(r.harness_version, r.split) for r in evaluations} >= {(applied.id, "validation"),
+                                                                   (applied.parent, "validation")}
+    wait_jobs(svc)
+
+
+def test_review_reject_needs_a_reason(world: World, svc: Service) -> None:
+    at = open_page("4_review")
+    pid = by_label(at.selectbox, "Proposal").value
+    assert at.button(key=f"reject:{pid}").disabled
+    at.text_input(key=f"reason:{pid}").input("too specific to dates").run()
+    at.button(key=f"reject:{pid}").click().run()
+    assert_clean(at)
+    assert svc.get_proposal(pid).status == "rejected"
+    assert svc.decisions(pid)[-1].reason == "too specific to dates"
+
+
+def test_review_edit_updates_the_diff_and_records_the_files(world: World, svc: Service) -> None:
+    at = open_page("4_review")
+    pid = by_label(at.selectbox, "Proposal").value
+    proposal = svc.get_proposal(pid)
+    at.toggle(key=f"editing:{pid}").set_value(True).run()
+    path, text = next(iter(proposal.files.items()))
+    marker = "# reviewed by a person\n"
+    at.text_area(key=f"edit:{pid}:{path}").input(text + marker).run()
+    assert_clean(at)
+    assert any("reviewed by a person" in h for h in html_of(at)), "the diff follows the edit"
+    at.button(key=f"save:{pid}").click().run()
+    assert_clean(at)
+    assert svc.get_proposal(pid).status == "edited"
+    assert svc.decisions(pid)[-1].files_as_applied[path].endswith(marker)  # type: ignore[index]
+
+
+def test_review_edit_that_breaks_the_harness_is_refused_clearly(world: World, svc: Service) -> None:
+    at = open_page("4_review")
+    pid = next(p.id for p in svc.proposals(status="pending") if any(f.endswith(".py") for f in p.files))
+    by_label(at.selectbox, "Proposal").set_value(pid).run()
+    at.toggle(key=f"editing:{pid}").set_value(True).run()
+    path = next(f for f in svc.get_proposal(pid).files if f.endswith(".py"))
+    at.text_area(key=f"edit:{pid}:{path}").input("def solve(task, model, harness):\n    return (\n").run()
+    at.button(key=f"save:{pid}").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"edit of {pid}/{path}:2: syntax error: '(' was never closed"]
+    assert svc.get_proposal(pid).status == "pending"
+
+
+# ---------------------------------------------------------------- evolution
+
+def _evolution(strategy: str, seconds: list[float], calls: list[int], test: float) -> EvolutionRecord:
+    rows = [{"iteration": i + 1, "val_accuracy": 0.4 + 0.1 * i, "train_accuracy": 0.3, "wall_seconds": s,
+             "model_calls": c, "tokens": 10 * c, "proposals": 1, "applied": 1, "rolled_back": False,
+             "gate": "kept", "harness_version": "h"} for i, (s, c) in enumerate(zip(seconds, calls))]
+    return EvolutionRecord(id=f"e-{strategy}", strategy=strategy, suite="reasoning-mix", models=["alpha"],
+                           config={"iterations": len(rows), "auto_approve": True}, status="done",
+                           iterations=rows, created_at=time.time(),
+                           result={"test_accuracy": test, "base_test_accuracy": 0.3,
+                                   "spent": {"calls": sum(calls), "tokens": 10 * sum(calls)}})
+
+
+def test_evolution_comparison_states_speedup_and_delta(svc: Service) -> None:
+    svc.store.save_evolution(_evolution("ecdysis", [5.0, 5.0], [40, 40], 0.62))
+    svc.store.save_evolution(_evolution("per-instance", [9.2, 9.2], [70, 70], 0.5))
+    at = open_page("5_evolution")
+    page = texts(at)
+    assert "1.84× faster" in page and "1.75× fewer" in page
+    assert "+12.0 percentage points" in page
+    assert len(at.get("plotly_chart")) >= 3, "one evolution's curve, the comparison curves and cost bars"
+
+
+def test_evolution_form_starts_one_job_per_strategy(ecdysis_home: Path, svc: Service) -> None:
+    register_models()
+    at = open_page("5_evolution")
+    by_label(at.multiselect, "Model(s)").set_value(["alpha"])
+    by_label(at.radio, "Strategy").set_value("both")
+    by_label(at.radio, "Gate").set_value("auto")
+    for label, value in (("Iterations", 1), ("Train batch", 4), ("Validation", 4), ("Test", 4)):
+        by_label(at.number_input, label).set_value(value)
+    at.form_submit_button[0].click().run(timeout=60)
+    assert_clean(at)
+    assert sorted(e.strategy for e in svc.evolutions()) == ["ecdysis", "per-instance"]
+    wait_jobs(svc, timeout=240)
+    at.run()
+    assert_clean(at)
+    assert all(e.status == "done" and len(e.iterations) == 1 for e in svc.evolutions())
+    assert "Training time: ecdysis" in texts(at)
+
+
+def test_human_gate_waits_for_the_review_page(ecdysis_home: Path, svc: Service) -> None:
+    register_models()
+    svc.start_evolution_job(EvolveConfig(suite="reasoning-mix", models=["alpha"], iterations=1, batch_size=6,
+                                         val_limit=4, test_limit=4, auto_approve=False))
+    evo = svc.evolutions()[0]
+    deadline = time.time() + 120
+    while svc.get_evolution(evo.id).result.get("cursor", {}).get("phase") != "gate":
+        assert time.time() < deadline, "the evolution never reached its gate"
+        time.sleep(0.3)
+    at = open_page("5_evolution")
+    assert any("Waiting for your decision" in w.value for w in at.warning)
+    review = open_page("4_review")
+    assert f"This proposal belongs to evolution {evo.id}" in texts(review)
+    for _ in svc.proposals(status="pending"):
+        pid = by_label(review.selectbox, "Proposal").value
+        review.button(key=f"approve:{pid}").click().run()
+        assert_clean(review)
+        by_label(review.segmented_control, "Show").set_value("pending").run()
+    wait_jobs(svc, timeout=180)
+    done = svc.get_evolution(evo.id)
+    assert done.status == "done" and len(done.iterations) == 1
+    assert done.iterations[0]["applied"] >= 1, "the approved proposals were applied by the evolution"
+
+
+def test_human_gated_evolution_points_to_review(svc: Service) -> None:
+    evo = _evolution("ecdysis", [5.0], [10], 0.5)
+    evo.status, evo.config = "stopped", {"iterations": 3, "auto_approve": False}
+    evo.result["stopped"] = "waiting for decisions on 1 proposal(s): p1"
+    svc.store.save_evolution(evo)
+    at = open_page("5_evolution")
+    assert "waiting for decisions" in texts(at)
+    assert at.button(key=f"resume:{evo.id}")
+
+
+def test_evolution_whose_job_died_says_so_and_offers_resume(svc: Service) -> None:
+    from ecdysis.store import JobRecord
+    evo = _evolution("ecdysis", [5.0], [10], 0.5)
+    evo.status = "running"
+    svc.store.save_evolution(evo)
+    svc.store.create_job(JobRecord(id="jdead", kind="evolve", params={"evolution_id": evo.id}, status="failed",
+                                   error="ModelError: backend went away", created_at=time.time(),
+                                   updated_at=time.time()))
+    at = AppTest.from_file(str(MAIN), default_timeout=60).run()
+    at.switch_page("../pages/5_evolution.py").run()
+    assert not at.exception
+    assert "The evolution's background job failed: ModelError: backend went away" in [e.value for e in at.error]
+    assert at.button(key=f"resume:{evo.id}")
+
+
+# ---------------------------------------------------------------- harnesses
+
+def _zip(entries: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_harnesses_export_and_import(world: World, svc: Service) -> None:
+    at = open_page("6_harnesses")
+    assert at.get("graphviz_chart") and at.download_button
+    exported = svc.export_harness(svc.harnesses()[0].id)
+    assert zipfile.ZipFile(io.BytesIO(exported)).namelist()
+    uploader = at.file_uploader[0]
+    uploader.set_value(("evil.zip", _zip({"../../escape.py": b"print('x')"}), "application/zip")).run()
+    assert not at.exception
+    assert any("evil.zip was refused" in e.value for e in at.error)
+    at.file_uploader[0].set_value(("garbage.zip", b"this is not a zip", "application/zip")).run()
+    assert any("garbage.zip was refused" in e.value for e in at.error)
+    at.file_uploader[0].set_value(("good.zip", exported, "application/zip")).run()
+    assert_clean(at)
+    assert any("Imported good.zip as version" in s.value for s in at.success)
+
+
+def test_harness_lineage_and_diff_between_versions(world: World, svc: Service) -> None:
+    pid = world.proposal_ids[0]
+    svc.decide(pid, "approve", who="test")
+    child = svc.apply_proposal(pid)
+    svc.store.update_harness(child.id, status="rolled_back", metrics={**child.metrics, "val_accuracy": 0.25})
+    at = open_page("6_harnesses")
+    dot = at.get("graphviz_chart")[0].proto.spec
+    assert f'"{child.parent}" -> "{child.id}" [style=dashed]' in dot and "val 25%" in dot
+    assert by_label(at.selectbox, "To version").value == child.id
+    assert at.get("html"), "the diff between parent and child is shown"
+
+
+# ---------------------------------------------------------------- the pure helpers behind the pages
+
+def test_failure_map_places_every_failure_deterministically(world: World, svc: Service) -> None:
+    report = svc.get_diagnosis(world.diagnosis_id).report
+    points = views.failure_map(report)
+    assert len(points) == sum(c["size"] for c in report["clusters"])
+    assert points == views.failure_map(report)
+    assert {p.cluster_id for p in points} == {c["id"] for c in report["clusters"]}
+    assert views.failure_map({"clusters": []}) == []
+
+
+def test_comparison_numbers_and_missing_test_split() -> None:
+    a, b = _evolution("ecdysis", [10.0], [50], 0.7), _evolution("per-instance", [18.4], [100], 0.5)
+    result = views.compare(a, b)
+    assert round(result.speedup or 0, 2) == 1.84 and result.calls_ratio == 2.0
+    assert round(result.accuracy_delta or 0, 1) == 20.0
+    slower = views.compare(b, a).sentences()
+    assert "1.84× slower" in slower[0] and "2.00× more" in slower[1] and "−20.0" in slower[2].replace("-", "−")
+    b.result.pop("test_accuracy")
+    assert views.compare(a, b).accuracy_delta is None
+    assert "not available until both evolutions finish" in " ".join(views.compare(a, b).sentences())
+
+
+def test_lineage_dot_tells_branches_apart() -> None:
+    root = HarnessVersion(id="root", files={}, status="starter", created_at=1)
+    kept = HarnessVersion(id="kept", files={}, parent="root", status="accepted", created_at=2)
+    back = HarnessVersion(id="back", files={}, parent="root", status="rolled_back", created_at=3)
+    rejected = ProposalRecord(id="p9", diagnosis_id="d", cluster_id="c1", harness_version="kept", spec={},
+                              files={}, status="rejected")
+    dot = views.lineage_dot([root, kept, back], {"kept": 0.5}, [rejected])
+    assert '"root" -> "kept" [style=solid]' in dot and '"root" -> "back" [style=dashed]' in dot
+    assert '"kept" -> "p9" [style=dotted' in dot and "val 50%" in dot
+
+
+def test_side_by_side_rows_pair_changes_and_fold_context() -> None:
+    old = "".join(f"line {i}\n" for i in range(20))
+    new = old.replace("line 10\n", "line ten\n") + "extra\n"
+    rows = diffview.fold(diffview.align(old, new))
+    kinds = [r.kind for r in rows]
+    assert kinds.count("change") == 1 and kinds.count("insert") == 1 and "fold" in kinds
+    change = next(r for r in rows if r.kind == "change")
+    assert (change.old_no, change.new_no) == (11, 11)
+    html = diffview.side_by_side_html(old, new)
+    assert "<ins>ten</ins>" in html and "<del>10</del>" in html
+    assert "&lt;b&gt;" in diffview.inline_html("", "<b>\n"), "file text is escaped"
+    assert diffview.stats(old, new) == (2, 1)
+
+
+def test_error_text_is_one_line_without_traceback() -> None:
+    assert error_text(InputError("bad zip", path="x.zip")) == "x.zip: bad zip"
+    line = error_text(RuntimeError("boom\nTraceback (most recent call last): ..."))
+    assert line.startswith("Unexpected RuntimeError: boom") and "Traceback" not in line
