@@ -617,6 +617,14 @@ class Ranking:
             if found * 2 < len(cluster.failures):
                 names.remove("answer_format_instruction")
                 names.insert(0, "answer_format_instruction")
+        if cluster.type == "truncated" and names:
+            short = sum(1 for f in cluster.failures if f.shape in ("number", "boolean", "choice"))
+            # A reply cut off before a one-word answer is prose, not a long answer: a bigger
+            # budget buys more prose (and doubles the cost); asking for the answer's form first
+            # is the general repair. Long answers (word lists, text) do need the budget.
+            if short * 2 > len(cluster.failures):
+                names.remove("answer_format_instruction")
+                names.insert(0, "answer_format_instruction")
         return Ranking(names)
 
 
