@@ -78,26 +78,30 @@ def run(
     concurrency: int = typer.Option(1, min=1, max=256, help="instances in parallel"),
     resume: Optional[str] = typer.Option(None, help="finish the stored run RUN_ID"),
     no_cache: bool = typer.Option(False, "--no-cache", help="do not read or write the response cache"),
+    executor: Optional[str] = typer.Option(None, help="local | ray (default: ECDYSIS_EXECUTOR, else local)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Run a batch of task instances through a harness on one model."""
     svc = _service()
+    svc.executor(executor)  # an unknown executor fails before a run is created
     if resume:
         run_id = svc.get_run(resume).id
     else:
         if not suite:
             raise EcdysisError("--suite is required", hint="`ecdysis suites` lists them")
         req = RunRequest(suite=suite, model=model or svc.settings.default_model, harness=harness,
-                         split=split, limit=limit, concurrency=concurrency, use_cache=not no_cache)
+                         split=split, limit=limit, concurrency=concurrency, use_cache=not no_cache,
+                         executor=executor)
         run_id = svc.create_run(req).id
     if as_json:
-        summary = svc.execute_run(run_id, use_cache=not no_cache)
+        summary = svc.execute_run(run_id, use_cache=not no_cache, executor=executor)
         _emit_json(summary.to_json())
         return
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=False) as progress:
         task_id = progress.add_task(f"run {run_id}", total=None)
-        summary = svc.execute_run(run_id, use_cache=not no_cache, events=_progress_sink(progress, task_id))
+        summary = svc.execute_run(run_id, use_cache=not no_cache, events=_progress_sink(progress, task_id),
+                                  executor=executor)
     out.print(_summary_table(summary.to_json()))
 
 
@@ -190,7 +194,8 @@ def decide(proposal: str = typer.Argument(...),
 
 @app.command()
 def evolve(
-    suite: str = typer.Option(..., help="suite to evolve on (train/validation/test splits)"),
+    suite: Optional[str] = typer.Option(None, help="suite to evolve on (train/validation/test splits); "
+                                                    "not needed with --resume"),
     model: list[str] = typer.Option(None, "--model", help="repeat for several models (cross-model evidence)"),
     strategy: str = typer.Option("ecdysis", help="ecdysis | per-instance"),
     iterations: int = typer.Option(3, min=1),
@@ -221,6 +226,8 @@ def evolve(
         overrides = {"max_model_calls": max_model_calls, "max_tokens": max_tokens, "max_wall_s": max_wall}
         evo = evolver.run(resume, overrides=overrides)
     else:
+        if not suite:
+            raise EcdysisError("--suite is required", hint="`ecdysis suites` lists them; or --resume EVOLUTION_ID")
         cfg = EvolveConfig(suite=suite, models=list(model or [svc.settings.default_model]), strategy=strategy,
                            iterations=iterations, batch_size=batch_size, val_limit=val_limit,
                            test_limit=test_limit, harness=harness, auto_approve=auto_approve, gate=gate,

@@ -48,6 +48,11 @@ class ModelError(EcdysisError):
         self.retry_after = retry_after
 
 
+class ExecutorError(EcdysisError):
+    """The executor could not run the batch: a cluster that cannot be reached, a worker that died.
+    What finished is stored; resuming the run does the rest."""
+
+
 class BudgetExceeded(EcdysisError):
     """A call, token or wall-time budget ran out; the work stopped cleanly and can resume."""
 

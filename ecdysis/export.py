@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import lzma
 import stat
+import struct
 import time
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,12 @@ from ecdysis.errors import InputError, NotFound
 from ecdysis.harness import MAX_FILE_BYTES, MAX_FILES, check_name, harness_id, new_version
 from ecdysis.sandbox import RUNTIME as RUNTIME_FILE
 from ecdysis.store import HarnessVersion, Store
+
+# What a damaged archive raises from the standard library: a bad CRC or header (BadZipFile), a
+# corrupt deflate/bzip2/lzma stream (zlib.error, OSError, LZMAError), a truncated one (EOFError), a
+# method it cannot read (NotImplementedError), a bad name (UnicodeDecodeError), bad fields (struct.error).
+_UNREADABLE = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, lzma.LZMAError, OSError, EOFError,
+               NotImplementedError, ValueError, struct.error, RuntimeError)
 
 MAX_ARCHIVE_BYTES = 8 * 1024 * 1024
 MAX_TOTAL_UNCOMPRESSED = 16 * 1024 * 1024
@@ -103,8 +112,8 @@ def read_zip(data: bytes, *, origin: str = "archive") -> tuple[dict[str, str], d
         raise InputError(f"archive is {len(data)} bytes; the limit is {MAX_ARCHIVE_BYTES}", path=origin)
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile as exc:
-        raise InputError(f"not a zip archive ({exc})", path=origin) from exc
+    except _UNREADABLE as exc:  # a damaged central directory fails in many ways, not only BadZipFile
+        raise InputError(f"not a zip archive ({type(exc).__name__}: {exc})", path=origin) from exc
     with zf:
         infos = zf.infolist()
         if len(infos) > MAX_FILES + 8:
@@ -112,8 +121,14 @@ def read_zip(data: bytes, *, origin: str = "archive") -> tuple[dict[str, str], d
         total = 0
         files: dict[str, str] = {}
         manifest: dict[str, Any] = {}
+        seen: set[str] = set()
         for info in infos:
             name = info.filename
+            if name in seen:
+                # Tools disagree on which of two same-named entries wins: what a reviewer unpacks
+                # must be what is imported.
+                raise InputError(f"entry {name!r} appears twice", path=origin)
+            seen.add(name)
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
                 raise InputError(f"entry {name!r} is a link; links are refused", path=origin)
@@ -132,8 +147,8 @@ def read_zip(data: bytes, *, origin: str = "archive") -> tuple[dict[str, str], d
             try:
                 with zf.open(info) as fh:
                     raw = fh.read(MAX_FILE_BYTES + 1 if name != "run.py" else MAX_TOTAL_UNCOMPRESSED)
-            except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError, ValueError) as exc:
-                raise InputError(f"entry {name!r} cannot be read ({exc})", path=origin) from exc
+            except _UNREADABLE as exc:
+                raise InputError(f"entry {name!r} cannot be read ({type(exc).__name__}: {exc})", path=origin) from exc
             if len(raw) > MAX_FILE_BYTES and name != "run.py":
                 raise InputError(f"entry {name!r} is larger than it claims", path=origin)
             try:
@@ -146,6 +161,8 @@ def read_zip(data: bytes, *, origin: str = "archive") -> tuple[dict[str, str], d
                 except json.JSONDecodeError as exc:
                     raise InputError(f"manifest.json is not JSON ({exc.msg}, line {exc.lineno})",
                                      path=origin) from exc
+                except RecursionError as exc:
+                    raise InputError("manifest.json is nested too deeply", path=origin) from exc
                 if not isinstance(manifest, dict):
                     raise InputError("manifest.json is not an object", path=origin)
             elif name.startswith("harness/"):

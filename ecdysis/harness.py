@@ -48,6 +48,8 @@ def validate_files(files: dict[str, str], *, origin: str = "harness") -> None:
         config = tomllib.loads(files["harness.toml"])
     except tomllib.TOMLDecodeError as exc:
         raise InputError(str(exc), path=f"{origin}/harness.toml") from exc
+    except RecursionError as exc:  # tomllib recurses into nested arrays and tables
+        raise InputError("nested too deeply", path=f"{origin}/harness.toml") from exc
     entry = str(config.get("harness", {}).get("entry", "harness.py:solve"))
     entry_file = entry.partition(":")[0]
     if entry_file not in files:
@@ -58,6 +60,8 @@ def validate_files(files: dict[str, str], *, origin: str = "harness") -> None:
                 compile(text, name, "exec")
             except SyntaxError as exc:
                 raise InputError(f"syntax error: {exc.msg}", path=f"{origin}/{name}", line=exc.lineno) from exc
+            except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes; nesting the compiler gives up on
+                raise InputError(f"does not compile ({type(exc).__name__}: {exc})", path=f"{origin}/{name}") from exc
 
 
 def read_dir(folder: Path) -> dict[str, str]:

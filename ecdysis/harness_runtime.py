@@ -146,9 +146,14 @@ class _PipeModel:
 
 
 OUTPUT_MARK = "\x00ecdysis-end\x00"
+_OWNER_PID = os.getpid()
 
 
 def _send(out: Any, obj: dict[str, Any]) -> None:
+    if os.getpid() != _OWNER_PID:
+        # A process the harness forked came back out of solve(): it must never speak the protocol
+        # (the engine would take its reply for the next instance's), so it ends here, silently.
+        os._exit(0)
     if obj.get("op") in ("result", "error"):
         # Everything the harness printed reaches stderr before the engine reads the result, and
         # the mark tells the engine it has all of it.
@@ -162,17 +167,68 @@ def _send(out: Any, obj: dict[str, Any]) -> None:
     out.flush()
 
 
-def apply_limits(memory_mb: int, file_mb: int, cpu_s: int) -> None:
-    """Soft and hard limits for this process, set before any harness code is loaded."""
+def apply_limits(memory_mb: int, file_mb: int, cpu_s: int, nproc: int = 0, uid: int | None = None) -> None:
+    """Soft and hard limits for this process, set before any harness code is loaded; then, when
+    the engine gave a uid (it runs as root), become that uid for good. Fails closed: if the uid
+    cannot be taken, this raises and no harness code runs."""
     import resource
     for limit, value in ((resource.RLIMIT_AS, memory_mb * 1024 * 1024),
                          (resource.RLIMIT_FSIZE, file_mb * 1024 * 1024),
-                         (resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_CORE, 0)):
+                         (resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_NPROC, nproc),
+                         (resource.RLIMIT_CORE, 0)):
         if value > 0:
             try:
                 resource.setrlimit(limit, (value, value))
             except (ValueError, OSError):
                 pass
+    _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of harness code stay our children, so we see them
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        if os.getuid() != uid or os.geteuid() != uid or os.getgid() != uid:
+            raise PermissionError(f"could not become uid {uid}")
+    _prctl(1, 9)  # PR_SET_PDEATHSIG SIGKILL (after the uid change, which clears it): die with the engine
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError, ImportError):
+        pass  # not Linux: the limits above still hold
+
+
+def stray_count() -> int:
+    """Processes and threads harness code left running. Exited children are reaped first; as the
+    subreaper we are the parent of every orphan too, so "no child left" means none is running."""
+    import threading
+    alive = False
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            alive = True
+            break
+    threads = threading.active_count() - 1
+    return threads + (max(1, _count_children()) if alive else 0)
+
+
+def _count_children() -> int:
+    me = str(os.getpid())
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and entry != me:
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    stat = fh.read().decode("ascii", "replace")
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[-1].split()[1:2] == [me]:  # field 4, the ppid, after "(comm)"
+                count += 1
+    return count
 
 
 def serve(folder: Path) -> int:
@@ -196,15 +252,19 @@ def serve(folder: Path) -> int:
             continue
         try:
             answer = normalize_answer(solve(msg["task"], model, harness))
-            _send(rpc_out, {"op": "result", "answer": answer})
+            reply: dict[str, Any] = {"op": "result", "answer": answer}
         except MemoryError as exc:
-            _send(rpc_out, {"op": "error", "type": "MemoryError", "message": str(exc)[:2000],
-                            "traceback": ""})
+            reply = {"op": "error", "type": "MemoryError", "message": str(exc)[:2000], "traceback": ""}
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # SystemExit from harness code is that instance's failure
-            _send(rpc_out, {"op": "error", "type": type(exc).__name__, "message": str(exc)[:2000],
-                            "traceback": traceback.format_exc()[-4000:]})
+            reply = {"op": "error", "type": type(exc).__name__, "message": str(exc)[:2000],
+                     "traceback": traceback.format_exc()[-4000:]}
+        try:
+            reply["stray"] = stray_count()
+        except BaseException:  # noqa: BLE001 - even the census failing must not lose the answer
+            reply["stray"] = 1
+        _send(rpc_out, reply)
     return 0
 
 
@@ -250,10 +310,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mb", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--file-mb", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--cpu-s", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--nproc", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--uid", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     folder = Path(args.harness)
+    if args.probe:  # the engine checks once that the sandbox starts and the uid change works
+        apply_limits(args.memory_mb, args.file_mb, args.cpu_s, args.nproc, args.uid)
+        print(json.dumps({"ok": True, "uid": os.getuid() if args.uid is not None else None}))
+        return 0
     if args.serve:
-        apply_limits(args.memory_mb, args.file_mb, args.cpu_s)
+        apply_limits(args.memory_mb, args.file_mb, args.cpu_s, args.nproc, args.uid)
         return serve(folder)
     if not args.tasks:
         parser.error("give a tasks.jsonl file")

@@ -47,6 +47,12 @@ class Settings:
     anthropic_api_key: str | None = field(default=None, repr=False)
     bigbench_dir: Path | None = None
     n_threads: int = 2
+    sandbox: str = "auto"   # auto | bwrap | process: how harness code is contained (ecdysis.sandbox)
+    openai_concurrency: int = 64
+    anthropic_concurrency: int = 16
+    executor: str = "local"
+    ray_address: str | None = None
+    ray_workers: int = 0
 
     @staticmethod
     def from_env() -> "Settings":
@@ -67,6 +73,12 @@ class Settings:
             anthropic_api_key=os.environ.get("ANTHROPIC_API_KEY"),
             bigbench_dir=Path(bb).expanduser() if bb else None,
             n_threads=_env_int("ECDYSIS_THREADS", min(4, os.cpu_count() or 2)),
+            sandbox=os.environ.get("ECDYSIS_SANDBOX") or "auto",
+            openai_concurrency=max(1, _env_int("ECDYSIS_OPENAI_CONCURRENCY", 64)),
+            anthropic_concurrency=max(1, _env_int("ECDYSIS_ANTHROPIC_CONCURRENCY", 16)),
+            executor=os.environ.get("ECDYSIS_EXECUTOR") or "local",
+            ray_address=os.environ.get("ECDYSIS_RAY_ADDRESS") or None,
+            ray_workers=max(0, _env_int("ECDYSIS_RAY_WORKERS", 0)),
         )
 
     def public(self) -> dict[str, str]:

@@ -6,6 +6,7 @@ one transaction (`with store.writing() as session: ...`)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +19,8 @@ from sqlalchemy.dialects.postgresql import Insert as PgInsert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import CursorResult, Engine
+from sqlalchemy.engine import Connection, CursorResult, Engine
+from sqlalchemy.sql.dml import Insert
 from sqlalchemy.orm import Mapped
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, SQLModel, col
@@ -51,12 +53,32 @@ class SQLStore:
         # An in-memory database is one shared connection: sessions must take turns on it.
         self._turns: AbstractContextManager[Any] = (
             threading.RLock() if isinstance(engine.pool, StaticPool) else nullcontext())
+        # SQLite has one writer at a time, and its busy handler makes a waiting writer sleep in
+        # growing steps (up to 100 ms) while the lock may already be free: with dozens of runner
+        # threads saving results that multiplied each save's time. Threads of this process queue
+        # here instead; the busy timeout is left to arbitrate between processes.
+        self._write_turns: AbstractContextManager[Any] = (
+            threading.RLock() if engine.dialect.name == "sqlite" else nullcontext())
+
+    @property
+    def url(self) -> str:
+        """The database URL, password included: what another process (a Ray worker) opens to
+        reach this same database."""
+        return self.engine.url.render_as_string(hide_password=False)
 
     @contextmanager
     def writing(self) -> Iterator[Session]:
         """A session in one write transaction, committed on exit (SQLite: BEGIN IMMEDIATE)."""
-        with self._turns, Session(self.engine, expire_on_commit=False) as session, session.begin():
+        with self._turns, self._write_turns, Session(self.engine, expire_on_commit=False) as session, \
+                session.begin():
             yield session
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A Core connection in one write transaction, for the hot write path (saving results):
+        half the CPU of an ORM session, which the runner pays once per group of results."""
+        with self._turns, self._write_turns, self.engine.begin() as conn:
+            yield conn
 
     @contextmanager
     def reading(self) -> Iterator[Session]:
@@ -122,8 +144,11 @@ class SQLStore:
             return read_runs(session=session, limit=limit)
 
     def save_result(self, result: InstanceResult) -> None:
-        with self.writing() as session:
-            upsert_result(session=session, result=result)
+        self.save_results([result])
+
+    def save_results(self, results: list[InstanceResult]) -> None:
+        with self.connection() as conn:
+            upsert_results(session=conn, results=results)
 
     def get_results(self, run_id: str) -> list[InstanceResult]:
         with self.reading() as session:
@@ -296,16 +321,34 @@ def read_runs(*, session: Session, limit: int = 100) -> list[RunRecord]:
 
 def upsert_result(*, session: Session, result: InstanceResult) -> None:
     """Store `result` and its calls, replacing an earlier result of the same (run, instance)."""
-    if _missing(session, col(RunRow.id), result.run_id):
-        raise NotFound(f"no run {result.run_id!r} for the result of {result.instance_id!r}",
-                       hint="create_run before saving its results")
-    _upsert(session, InstanceResultRow, result_to_row(result), keys=("run_id", "instance_id"))
+    upsert_results(session=session, results=[result])
+
+
+def upsert_results(*, session: Session | Connection, results: list[InstanceResult]) -> None:
+    """`upsert_result` for each of `results` (the last one wins for a repeated instance), with
+    one statement per table for the whole list; `session` may be a Core connection."""
+    latest = {(r.run_id, r.instance_id): r for r in results}
+    for run_id in dict.fromkeys(run_id for run_id, _ in latest):
+        if _missing(session, col(RunRow.id), run_id):
+            first = next(iid for rid, iid in latest if rid == run_id)
+            raise NotFound(f"no run {run_id!r} for the result of {first!r}",
+                           hint="create_run before saving its results")
+    if not latest:
+        return
+    rows = [result_to_row(r).model_dump() for r in latest.values()]
+    dialect = session.dialect.name if isinstance(session, Connection) else session.get_bind().dialect.name
+    statement = _upsert_statement(dialect, InstanceResultRow, ("run_id", "instance_id"), tuple(rows[0]))
+    session.execute(statement, rows)
     # The calls of an earlier attempt go: a trajectory is replaced whole, never merged.
-    session.execute(delete(ModelCallRow).where(col(ModelCallRow.run_id) == result.run_id,
-                                               col(ModelCallRow.instance_id) == result.instance_id))
-    if result.calls:
-        session.execute(table_of(ModelCallRow).insert(),
-                        [call_to_row(result, c).model_dump() for c in result.calls])
+    by_run: dict[str, list[str]] = {}
+    for run_id, instance_id in latest:
+        by_run.setdefault(run_id, []).append(instance_id)
+    for run_id, instance_ids in by_run.items():
+        session.execute(delete(ModelCallRow).where(col(ModelCallRow.run_id) == run_id,
+                                                   col(ModelCallRow.instance_id).in_(instance_ids)))
+    calls = [call_to_row(r, c).model_dump() for r in latest.values() for c in r.calls]
+    if calls:
+        session.execute(table_of(ModelCallRow).insert(), calls)
 
 
 def read_results(*, session: Session, run_id: str) -> list[InstanceResult]:
@@ -641,9 +684,19 @@ def _upsert(session: Session, model: type[SQLModel], row: SQLModel, *, keys: tup
     statement, so two writers of one key cannot both insert. `generated` columns (a surrogate
     key) are left to the database on insert and kept on update."""
     values = row.model_dump(exclude=set(generated))
-    insert = _insert(session, model).values(**values)
-    updates = {name: insert.excluded[name] for name in values if name not in keys}
-    session.execute(insert.on_conflict_do_update(index_elements=list(keys), set_=updates))
+    statement = _upsert_statement(session.get_bind().dialect.name, model, keys, tuple(values))
+    session.execute(statement, values)
+
+
+@functools.lru_cache(maxsize=64)
+def _upsert_statement(dialect: str, model: type[SQLModel], keys: tuple[str, ...],
+                      columns: tuple[str, ...]) -> Insert:
+    """The upsert of `_upsert`, built once per table and column set and executed with the row as
+    parameters: building `excluded` anew for every row cost milliseconds per saved result."""
+    table = table_of(model)
+    insert = pg_insert(table) if dialect == "postgresql" else sqlite_insert(table)
+    updates = {name: insert.excluded[name] for name in columns if name not in keys}
+    return insert.on_conflict_do_update(index_elements=list(keys), set_=updates)
 
 
 def _update_one(session: Session, model: type[SQLModel], key: str, values: dict[str, Any], *,
@@ -655,5 +708,5 @@ def _update_one(session: Session, model: type[SQLModel], key: str, values: dict[
         raise missing
 
 
-def _missing(session: Session, column: Mapped[str], value: str) -> bool:
+def _missing(session: Session | Connection, column: Mapped[str], value: str) -> bool:
     return session.scalar(select(column).where(column == value)) is None

@@ -28,7 +28,7 @@ def _openai(model: str, settings: Settings) -> ModelBackend:
     from ecdysis.models.openai_backend import OpenAIBackend
     from ecdysis.models.retry import with_retries
     backend = OpenAIBackend(model, base_url=settings.openai_base_url, api_key=settings.openai_api_key,
-                            timeout_s=settings.model_timeout_s)
+                            timeout_s=settings.model_timeout_s, max_concurrency=settings.openai_concurrency)
     return with_retries(backend, max_retries=settings.max_retries)
 
 
@@ -40,7 +40,8 @@ def _anthropic(model: str, settings: Settings) -> ModelBackend:
     from ecdysis.models.anthropic_backend import AnthropicBackend
     from ecdysis.models.retry import with_retries
     backend = AnthropicBackend(model, base_url=settings.anthropic_base_url,
-                               api_key=settings.anthropic_api_key, timeout_s=settings.model_timeout_s)
+                               api_key=settings.anthropic_api_key, timeout_s=settings.model_timeout_s,
+                               max_concurrency=settings.anthropic_concurrency)
     return with_retries(backend, max_retries=settings.max_retries)
 
 

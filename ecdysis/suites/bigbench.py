@@ -21,6 +21,7 @@ How a task maps onto instances:
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -108,10 +109,17 @@ def _read(path: Path) -> dict[str, Any]:
         raise NotFound(f"no task file {path}", hint=FETCH_HINT) from exc
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg}", path=str(path), line=exc.lineno) from exc
+    except RecursionError as exc:
+        raise InputError("the JSON is nested too deeply", path=str(path)) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read the file: {exc}", path=str(path)) from exc
     if not isinstance(data, dict):
         raise InputError("a BIG-bench task.json must hold a JSON object", path=str(path))
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # "\ud800" escapes decode to lone surrogates, which no store, pipe or model can carry.
+        raise InputError("a string holds an unpaired surrogate escape (such as \\ud800)", path=str(path)) from exc
     return data
 
 
@@ -165,9 +173,9 @@ def _parse_example(example: Any, index: int, category: str, prefer_choice: bool,
 
 def _choice_targets(scores: Any, bad: _Bad) -> tuple[tuple[str, ...], list[str]]:
     valid = isinstance(scores, dict) and len(scores) >= 1 and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values())
-    if not valid:
-        raise bad("'target_scores' must map each choice to a number")
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scores.values())
+    if not valid:  # NaN would make every comparison with the best score false: no target at all
+        raise bad("'target_scores' must map each choice to a finite number")
     top = max(scores.values())
     return tuple(scores), [c for c, s in scores.items() if s == top]
 

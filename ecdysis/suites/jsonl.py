@@ -105,7 +105,10 @@ def _objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise InputError("file not found", path=str(path)) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read the file: {exc}", path=str(path)) from exc
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 and other
+    # separators that JSON allows unescaped inside a string, breaking valid lines in two.
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:
@@ -113,9 +116,25 @@ def _objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         except json.JSONDecodeError as exc:
             raise InputError(f"not valid JSON: {exc.msg} (column {exc.colno})", path=str(path),
                              line=lineno) from exc
+        except RecursionError as exc:
+            raise InputError("the JSON is nested too deeply", path=str(path), line=lineno) from exc
         if not isinstance(obj, dict):
             raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=str(path), line=lineno)
+        if not _encodable(line, obj):
+            # "\ud800" escapes decode to lone surrogates, which no store, pipe or model can carry.
+            raise InputError("a string holds an unpaired surrogate escape (such as \\ud800)", path=str(path),
+                             line=lineno, hint="JSON strings must decode to valid Unicode text")
         yield lineno, obj
+
+
+def _encodable(line: str, obj: Any) -> bool:
+    if "\\u" not in line:
+        return True  # the line itself came from UTF-8, so only escapes can make surrogates
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parse_header(obj: dict[str, Any], path: Path, lineno: int) -> _Header:
@@ -137,6 +156,8 @@ def _parse_header(obj: dict[str, Any], path: Path, lineno: int) -> _Header:
             spec = scorers.check_spec(scorers.spec_from_json(body["scorer"]))
         except ConfigError as exc:
             raise InputError(exc.message, path=str(path), line=lineno, hint=exc.hint) from exc
+        except (TypeError, AttributeError, ValueError) as exc:  # e.g. by_category "categories": [...]
+            raise bad(f"the header's scorer is malformed ({type(exc).__name__}: {exc})") from exc
     return _Header(name=body.get("name"), scorer=spec, description=body.get("description", ""))
 
 
@@ -201,3 +222,13 @@ def _check_scorable(inst: Instance, spec: ScorerSpec, path: Path, lineno: int) -
         raise InputError("the scorer is multiple_choice but this line has no 'choices'", path=str(path), line=lineno)
     if concrete.kind == "regex" and not isinstance(concrete.options.get("pattern"), str):
         raise InputError("the regex scorer needs a 'pattern' option", path=str(path), line=lineno)
+    # Score the target and an empty answer once now: a bad option (a regex that does not compile,
+    # a tolerance that is not a number, aliases that are not a map) fails the import, not the run.
+    for probe in (inst.target, ""):
+        try:
+            scorers.score(probe, inst, spec)
+        except ConfigError as exc:
+            raise InputError(exc.message, path=str(path), line=lineno, hint=exc.hint) from exc
+        except Exception as exc:  # noqa: BLE001 - any crash of the scorer is this line's problem
+            raise InputError(f"the scorer cannot score this line ({type(exc).__name__}: {exc})",
+                             path=str(path), line=lineno, hint="check the scorer's options") from exc
