@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from diff_match_patch import diff_match_patch
+from ecdysis.diffs import engine
 
 CONTEXT_LINES = 3
 _STYLE = """<style>
@@ -20,12 +20,6 @@ _STYLE = """<style>
 .ecd-diff td.empty{background:#f6f5f2}
 .ecd-diff td.sign{width:1.2em;color:#7b766c;user-select:none}
 </style>"""
-
-
-def _dmp() -> diff_match_patch:
-    dmp = diff_match_patch()
-    dmp.Diff_Timeout = 2.0
-    return dmp
 
 
 @dataclass(frozen=True)
@@ -42,7 +36,7 @@ class Row:
 
 def line_diff(old: str, new: str) -> list[tuple[int, list[str]]]:
     """diff-match-patch in line mode: (op, lines) with op -1 delete, 0 equal, 1 insert."""
-    dmp = _dmp()
+    dmp = engine()
     # A missing final newline would make the last line differ from itself.
     old, new = (t if not t or t.endswith("\n") else t + "\n" for t in (old, new))
     a, b, table = dmp.diff_linesToChars(old, new)
@@ -105,7 +99,7 @@ def fold(rows: list[Row], context: int = CONTEXT_LINES) -> list[Row]:
 
 def _marked(old: str, new: str) -> tuple[str, str]:
     """HTML for a changed line pair with character-level <del>/<ins> highlights."""
-    dmp = _dmp()
+    dmp = engine()
     diffs = dmp.diff_main(old, new)
     dmp.diff_cleanupSemantic(diffs)
     left, right = [], []

@@ -15,7 +15,8 @@ from diff_match_patch import diff_match_patch
 Change = str  # "modified" | "added" | "deleted"
 
 
-def _engine() -> diff_match_patch:
+def engine() -> diff_match_patch:
+    """The one diff-match-patch set-up every diff in the product uses (engine and app)."""
     dmp = diff_match_patch()
     dmp.Diff_Timeout = 2.0
     return dmp
@@ -73,7 +74,7 @@ def unified_text(path: str, old: str | None, new: str | None) -> str:
 
 
 def diff_file(path: str, old: str | None, new: str | None) -> FileDiff:
-    dmp = _engine()
+    dmp = engine()
     patches = dmp.patch_make(old or "", new or "")
     change: Change = "added" if old is None else ("deleted" if new is None else "modified")
     return FileDiff(path=path, change=change, patch=dmp.patch_toText(patches),
@@ -92,7 +93,7 @@ def diff_files(old: Mapping[str, str], new: Mapping[str, str]) -> list[FileDiff]
 
 def apply_diffs(files: Mapping[str, str], diffs: list[FileDiff]) -> ApplyResult:
     """Apply every diff to `files`; all or nothing."""
-    dmp = _engine()
+    dmp = engine()
     out = dict(files)
     result = ApplyResult(files=None)
     for d in diffs:
@@ -122,7 +123,7 @@ def apply_diffs(files: Mapping[str, str], diffs: list[FileDiff]) -> ApplyResult:
 
 def render_html(d: FileDiff) -> str:
     """A character-level HTML rendering (diff-match-patch's pretty HTML) for the UI's diff view."""
-    dmp = _engine()
+    dmp = engine()
     diffs = dmp.diff_main(d.old or "", d.new or "")
     dmp.diff_cleanupSemantic(diffs)
     return dmp.diff_prettyHtml(diffs)
