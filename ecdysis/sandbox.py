@@ -207,6 +207,9 @@ def _bwrap_argv(work: Path, limits: SandboxLimits, uid: int | None) -> list[str]
             argv += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
+    # The private /tmp comes before the Python folders: a checkout (and its venv) under /tmp must
+    # be bound on top of it, not hidden by it.
+    argv += ["--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
     for name in ETC_FILES:
         argv += ["--ro-bind-try", name, name]
     mounted = [Path("/usr")]
@@ -223,7 +226,6 @@ def _bwrap_argv(work: Path, limits: SandboxLimits, uid: int | None) -> list[str]
             argv += ["--tmpfs", str(hidden)]  # mounted over: the data folder shows as empty
     argv += ["--perms", "0755", "--dir", str(Path(BOX_RUNTIME).parent),
              "--ro-bind", str(RUNTIME), BOX_RUNTIME, "--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
              "--bind", str(work), BOX_WORK, "--remount-ro", "/", "--chdir", BOX_WORK,
              "--", sys.executable, "-I", BOX_RUNTIME, "--harness", f"{BOX_WORK}/harness",
              "--memory-mb", str(limits.memory_mb), "--file-mb", str(limits.file_mb),
