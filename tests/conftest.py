@@ -41,3 +41,9 @@ def artifacts() -> Path:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"ECDYSIS test run, cpu={os.cpu_count()}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Close the embedded models while the interpreter is whole: llama.cpp's destructor fails
+    # noisily if it first runs during interpreter shutdown.
+    registry.forget_backends()
