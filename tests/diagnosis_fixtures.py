@@ -126,3 +126,18 @@ def plant(store: Any, *, models: tuple[str, ...] = ("alpha", "beta"), patterns: 
             store.save_result(result_for(run.id, model, inst, planted_reply(model, inst, patterns)))
         run_ids.append(run.id)
     return run_ids, suite, version
+
+
+def planted_batch(store: Any = None, **kwargs: Any) -> tuple[list[Any], Any]:
+    """The planted runs as diagnosis sees them: (typed failures, the batch context)."""
+    from ecdysis.aggregate import BatchContext
+    from ecdysis.failures import extract_failures
+    store = store if store is not None else MemoryStore()
+    run_ids, suite, version = plant(store, **kwargs)
+    by_id = {i.id: i for i in suite.instances}
+    pairs, failures = [], []
+    for rid in run_ids:
+        results = store.get_results(rid)
+        pairs += [(suite.name, r) for r in results]
+        failures += extract_failures(results, by_id, suite=suite.name, harness_version=version.id)
+    return failures, BatchContext.build(pairs, failures)

@@ -11,24 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from diagnosis_fixtures import M_REPLY, MemoryStore, plant
+from diagnosis_fixtures import M_REPLY, planted_batch
 from ecdysis.aggregate import (AgglomerativeTfidf, BatchContext, Cluster, ClusterEvidence, HdbscanTfidf, ModelRate,
                                SystematicityScore, ThresholdVerdicts, aggregate)
 from ecdysis.failures import Failure, extract_failures
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "cluster_scale.py"
-
-
-def planted_batch(**kwargs) -> tuple[list[Failure], BatchContext]:
-    store = MemoryStore()
-    run_ids, suite, version = plant(store, **kwargs)
-    by_id = {i.id: i for i in suite.instances}
-    pairs, failures = [], []
-    for rid in run_ids:
-        results = store.get_results(rid)
-        pairs += [(suite.name, r) for r in results]
-        failures += extract_failures(results, by_id, suite=suite.name, harness_version=version.id)
-    return failures, BatchContext.build(pairs, failures)
 
 
 @pytest.mark.parametrize("policy", [AgglomerativeTfidf(), HdbscanTfidf()], ids=lambda p: p.name)

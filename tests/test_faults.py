@@ -33,6 +33,7 @@ from typing import Any, Callable
 import pytest
 
 from servers.openai_stub import MisbehavingOpenAI
+from servers.proc_tree import alive, descendants
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,39 +89,15 @@ def _wait(predicate: Callable[[], Any], proc: subprocess.Popen[str] | None = Non
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _kill(proc: subprocess.Popen[str]) -> list[int]:
     """SIGKILL the engine; return its sandbox processes, which must die with it."""
-    sandboxes = _descendants(proc.pid)
+    sandboxes = descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in sandboxes) and time.monotonic() < deadline:
+    while any(alive(p) for p in sandboxes) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in sandboxes if _alive(p)], "a harness process outlived the killed engine"
+    assert not [p for p in sandboxes if alive(p)], "a harness process outlived the killed engine"
     return sandboxes
 
 
@@ -236,7 +213,7 @@ def test_diagnosis_killed_midway_leaves_nothing_half_stored(tmp_path: Path) -> N
 
         second = _cli("diagnose", run["run_id"], "--json", env=env)
         # The Critic smoke-runs the patched harness in a sandbox: kill the engine while it runs.
-        _wait(lambda: _descendants(second.pid), second, what="the Critic's smoke run")
+        _wait(lambda: descendants(second.pid), second, what="the Critic's smoke run")
         time.sleep(0.5)
         _kill(second)
         assert _review_trail(db) == trail, "a killed diagnosis changed or half-stored the review trail"

@@ -34,6 +34,7 @@ import pytest
 from ecdysis import sandbox
 from ecdysis.harness import starter_files, write_dir
 from ecdysis.sandbox import SandboxLimits, WorkerPool, isolation
+from servers.proc_tree import alive, descendants
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK = {"input": "x", "choices": None, "category": "c", "fields": {}}
@@ -302,7 +303,7 @@ def test_hostile_harness_is_contained_end_to_end(tmp_path: Path) -> None:
         while _namespace_members(pidns.group(1)) and time.monotonic() < deadline:
             time.sleep(0.1)
         left = _namespace_members(pidns.group(1))
-        assert left == [], [Path(f"/proc/{pid}/status").read_text()[:300] for pid in left if _alive(pid)]
+        assert left == [], [Path(f"/proc/{pid}/status").read_text()[:300] for pid in left if alive(pid)]
     sleepers_tail = next(r[3] for k, r in rows.items() if k.endswith("sleepers"))
     assert "the worker was killed and replaced" in sleepers_tail
     flood_tail = next(r[3] for k, r in rows.items() if k.endswith("flood"))
@@ -441,45 +442,20 @@ def test_engine_killed_mid_instance_takes_the_sandbox_with_it(tmp_path: Path, mo
         deadline = time.monotonic() + 20
         victims: list[int] = []
         while time.monotonic() < deadline and not victims:
-            victims = _descendants(proc.pid)
+            victims = descendants(proc.pid)
             time.sleep(0.1)
         time.sleep(0.5)
-        victims = _descendants(proc.pid)
+        victims = descendants(proc.pid)
         assert victims, "the worker never started"
         proc.kill()
         proc.wait(10)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(pid) for pid in victims):
+        while time.monotonic() < deadline and any(alive(pid) for pid in victims):
             time.sleep(0.1)
-        assert not [pid for pid in victims if _alive(pid)]
+        assert not [pid for pid in victims if alive(pid)]
     finally:
         if proc.poll() is None:
             proc.kill()
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 # ---------------------------------------------------------------- without bwrap: a recorded note

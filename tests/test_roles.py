@@ -8,11 +8,10 @@ import json
 
 import pytest
 
-from diagnosis_fixtures import MemoryStore, plant
-from ecdysis.aggregate import BatchContext, aggregate
+from diagnosis_fixtures import MemoryStore, planted_batch
+from ecdysis.aggregate import aggregate
 from ecdysis.diffs import apply_diffs, diff_files, render_html
 from ecdysis.errors import ModelError
-from ecdysis.failures import extract_failures
 from ecdysis.harness import starter_files, validate_files
 from ecdysis.models.scripted import ScriptedBackend
 from ecdysis.records import Completion, CompletionRequest
@@ -39,14 +38,8 @@ CHOICE = {"input": "Today is 01/01/2020. What is the date tomorrow in MM/DD/YYYY
 @pytest.fixture
 def case() -> CaseFile:
     store = MemoryStore()
-    run_ids, suite, version = plant(store)
-    by_id = {i.id: i for i in suite.instances}
-    pairs, failures = [], []
-    for rid in run_ids:
-        results = store.get_results(rid)
-        pairs += [(suite.name, r) for r in results]
-        failures += extract_failures(results, by_id, suite=suite.name, harness_version=version.id)
-    batch = BatchContext.build(pairs, failures)
+    failures, batch = planted_batch(store)
+    version = store.list_harnesses()[0]  # the one harness the planted runs used
     cluster = aggregate(failures, batch)[0]
     return CaseFile(cluster=cluster, files=dict(version.files), harness_version=version.id, batch=batch,
                     exemplars=EXEMPLARS)
