@@ -15,10 +15,12 @@ A harness that raises, hangs, exhausts memory, forks or dies costs one failed in
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import os
 import secrets
+import select
 import selectors
 import shutil
 import signal
@@ -242,40 +244,37 @@ def _chown_tree(root: Path, uid: int) -> None:
             os.chown(os.path.join(dirpath, name), uid, uid)
 
 
-class _Tail:
-    """Drains a stream in a thread, keeping only the last characters: a harness that prints
-    megabytes can neither block on a full pipe nor fill the engine's memory."""
+class _Output:
+    """The last `limit` characters a worker printed (its stderr), fed by the thread that is talking
+    to the worker, so a harness that prints megabytes can neither block on a full pipe nor fill
+    the engine's memory. `marked` says the runtime's end-of-output mark, which it writes after
+    flushing and before each answer, has arrived since the last `take`."""
 
-    def __init__(self, stream: Any, limit: int) -> None:
+    def __init__(self, limit: int) -> None:
         self._buf: deque[str] = deque()
         self._size = 0
         self._limit = limit
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
-        self._thread.start()
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._carry = ""  # the end of the text before, for a mark split across two reads
+        self.marked = False
 
-    def _drain(self, stream: Any) -> None:
-        for chunk in iter(lambda: stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536), b""):
-            text = chunk.decode("utf-8", "replace")
-            with self._lock:
-                self._buf.append(text)
-                self._size += len(text)
-                while self._size > self._limit and len(self._buf) > 1:
-                    self._size -= len(self._buf.popleft())
+    def add(self, chunk: bytes, *, final: bool = False) -> None:
+        text = self._decoder.decode(chunk, final)
+        if not text:
+            return
+        if OUTPUT_MARK in self._carry + text:
+            self.marked = True
+        self._carry = text[-len(OUTPUT_MARK):]
+        self._buf.append(text)
+        self._size += len(text)
+        while self._size > 2 * self._limit and len(self._buf) > 1:
+            self._size -= len(self._buf.popleft())
 
-    def take(self, *, settle_s: float = 0.0) -> str:
-        """The kept output; with `settle_s`, first wait (that long at most) for the runtime's
-        end-of-output mark, which it writes after flushing, so no printed line is missed."""
-        deadline = time.monotonic() + settle_s
-        while settle_s and time.monotonic() < deadline:
-            with self._lock:
-                if self._buf and OUTPUT_MARK in self._buf[-1][-len(OUTPUT_MARK) - 1:]:
-                    break
-            time.sleep(0.002)
-        with self._lock:
-            text = "".join(self._buf).replace(OUTPUT_MARK, "")[-self._limit:]
-            self._buf.clear()
-            self._size = 0
+    def take(self) -> str:
+        text = "".join(self._buf).replace(OUTPUT_MARK, "")[-self._limit:]
+        self._buf.clear()
+        self._size = 0
+        self.marked = False
         return text
 
 
@@ -304,16 +303,21 @@ class HarnessWorker:
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, cwd=self._tmp, env=env,
                                       start_new_session=True)
-        self._tail = _Tail(self._proc.stderr, limits.output_tail)
+        # Both pipes are read by whichever thread is talking to the worker, in one select loop:
+        # no thread per worker, and no waiting for one to catch up with the output.
+        self._output = _Output(limits.output_tail)
+        self._out_fd = self._proc.stdout.fileno()  # type: ignore[union-attr]
+        self._err_fd: int | None = self._proc.stderr.fileno()  # type: ignore[union-attr]
         self._sel = selectors.DefaultSelector()
-        self._sel.register(self._proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+        self._sel.register(self._out_fd, selectors.EVENT_READ)
+        self._sel.register(self._err_fd, selectors.EVENT_READ)
         self._pending = b""
         ready = self._read(time.monotonic() + 30.0)
         if ready is None or not ready.get("ok"):
             message = ready.get("message", "") if ready else "the harness process did not start"
             kind = ready.get("type", "crash") if ready else "crash"
             self.load_error = SolveOutcome(None, "exception", f"harness failed to load: {kind}: {message}",
-                                           output_tail=self._tail.take(),
+                                           output_tail=self._drain_output(until_mark=True, wait_s=1.0),
                                            traceback=(ready or {}).get("traceback", ""))
             self.close()
 
@@ -322,23 +326,47 @@ class HarnessWorker:
         return self.load_error is None and self._proc.poll() is None
 
     def _read(self, deadline: float) -> dict[str, Any] | None:
-        """One protocol message, or None on EOF or when the deadline passes."""
+        """One protocol message, or None on EOF or when the deadline passes; what the harness
+        prints meanwhile goes to the output tail."""
         while b"\n" not in self._pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            if not self._sel.select(timeout=min(remaining, 0.5)):
-                continue
-            chunk = os.read(self._proc.stdout.fileno(), 65536)  # type: ignore[union-attr]
-            if not chunk:
-                return None
-            self._pending += chunk
+            for key, _ in self._sel.select(timeout=min(remaining, 0.5)):
+                chunk = os.read(key.fd, 65536)
+                if key.fd == self._out_fd:
+                    if not chunk:
+                        return None
+                    self._pending += chunk
+                else:
+                    self._output_chunk(chunk)
         line, _, self._pending = self._pending.partition(b"\n")
         try:
             msg = json.loads(line)
         except json.JSONDecodeError:
             return {"op": "garbage", "message": line[:200].decode("utf-8", "replace")}
         return msg if isinstance(msg, dict) else {"op": "garbage", "message": str(msg)[:200]}
+
+    def _output_chunk(self, chunk: bytes) -> None:
+        if chunk:
+            self._output.add(chunk)
+        elif self._err_fd is not None:  # EOF: the process is gone, or closed its stderr
+            self._output.add(b"", final=True)
+            self._sel.unregister(self._err_fd)
+            self._err_fd = None
+
+    def _drain_output(self, *, until_mark: bool = False, wait_s: float = 0.0) -> str:
+        """Everything printed so far, read off the pipe. `until_mark`: first wait (up to `wait_s`)
+        for the runtime's end-of-output mark, which precedes its answer on the pipe, so no line
+        printed before the answer is missed. Without it, only what is already there is read (up to
+        `wait_s` more until EOF, for a process that has just died)."""
+        deadline = time.monotonic() + wait_s
+        while self._err_fd is not None and not (until_mark and self._output.marked):
+            ready = select.select([self._err_fd], [], [], max(0.0, deadline - time.monotonic()))[0]
+            if not ready:
+                break
+            self._output_chunk(os.read(self._err_fd, 65536))
+        return self._output.take()
 
     def _write(self, obj: dict[str, Any]) -> bool:
         try:
@@ -351,7 +379,7 @@ class HarnessWorker:
     def solve(self, task: dict[str, Any], on_generate: ModelHandler) -> SolveOutcome:
         if self.load_error is not None:
             return self.load_error
-        self._tail.take()
+        self._drain_output()  # what an earlier instance printed is not this one's
         if not self._write({"op": "solve", "task": task}):
             return self._died()
         deadline = time.monotonic() + self.limits.timeout_s
@@ -360,9 +388,11 @@ class HarnessWorker:
             msg = self._read(deadline)
             if msg is None:
                 if time.monotonic() >= deadline:
+                    self._kill()
+                    tail = self._drain_output(wait_s=0.5)
                     self.close()
                     return SolveOutcome(None, "timeout", f"harness exceeded {self.limits.timeout_s:g}s",
-                                        output_tail=self._tail.take(), model_seconds=model_seconds)
+                                        output_tail=tail, model_seconds=model_seconds)
                 return self._died(model_seconds)
             op = msg.get("op")
             if op == "generate":
@@ -375,19 +405,20 @@ class HarnessWorker:
                     return self._died(model_seconds)
             elif op == "result":
                 return self._left_behind(msg, SolveOutcome(
-                    str(msg.get("answer", "")), output_tail=self._tail.take(settle_s=1.0),
+                    str(msg.get("answer", "")), output_tail=self._drain_output(until_mark=True, wait_s=1.0),
                     model_seconds=model_seconds))
             elif op == "error":
                 kind = "memory" if msg.get("type") == "MemoryError" else (
                     "bad_output" if msg.get("type") == "TypeError" and "solve() returned" in str(msg.get("message")) else "exception")
                 return self._left_behind(msg, SolveOutcome(
                     None, kind, f"{msg.get('type')}: {msg.get('message')}",
-                    output_tail=self._tail.take(settle_s=1.0), traceback=str(msg.get("traceback", "")),
+                    output_tail=self._drain_output(until_mark=True, wait_s=1.0), traceback=str(msg.get("traceback", "")),
                     model_seconds=model_seconds))
             else:
+                tail = self._drain_output()
                 self.close()
                 return SolveOutcome(None, "crash", f"harness broke the protocol: {msg.get('message', '')}",
-                                    output_tail=self._tail.take(), model_seconds=model_seconds)
+                                    output_tail=tail, model_seconds=model_seconds)
 
     def _left_behind(self, msg: dict[str, Any], outcome: SolveOutcome) -> SolveOutcome:
         """Processes or threads that harness code left running would share the next instance's
@@ -402,8 +433,8 @@ class HarnessWorker:
 
     def _died(self, model_seconds: float = 0.0) -> SolveOutcome:
         code = self._proc.wait(timeout=5) if self._proc.poll() is None else self._proc.returncode
+        tail = self._drain_output(wait_s=1.0)  # to EOF: the last lines it printed before dying
         self.close()
-        tail = self._tail.take()
         if self.isolation.mode == "bwrap" and code is not None and code > 128:
             code = -(code - 128)  # bwrap reports its child's fatal signal as 128 + signal
         if code is not None and code < 0:
@@ -415,14 +446,18 @@ class HarnessWorker:
         return SolveOutcome(None, kind, f"harness process exited with code {code}", output_tail=tail,
                             model_seconds=model_seconds)
 
-    def close(self) -> None:
+    def _kill(self) -> None:
         if self._proc.poll() is None:
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)  # the whole group: children it forked too
             except (ProcessLookupError, PermissionError):
                 self._proc.kill()
             self._proc.wait(timeout=5)
-        for stream in (self._proc.stdin, self._proc.stdout):
+
+    def close(self) -> None:
+        self._kill()
+        self._err_fd = None
+        for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
             try:
                 stream.close()  # type: ignore[union-attr]
             except (OSError, ValueError):
