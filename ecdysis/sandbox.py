@@ -24,6 +24,7 @@ import select
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 from ecdysis.errors import ConfigError
 from ecdysis.harness import write_dir
@@ -141,7 +142,9 @@ def _probe_bwrap() -> Isolation:
         uid = _sandbox_uid() if drop else None
         if uid is not None:
             os.chown(work, uid, uid)
-        cmd = _bwrap_argv(work, SandboxLimits(), uid) + ["--probe"]
+        limits = SandboxLimits()
+        cmd = _bwrap_argv(work, limits, uid, ["--probe", *_limit_args(limits, nproc=True),
+                                              *(["--uid", str(uid)] if uid is not None else [])])
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
                                   env=scrubbed_env(BOX_HOME))
@@ -193,8 +196,10 @@ def _hidden_dirs() -> list[Path]:
     return [h.resolve() for h in hidden]
 
 
-def _bwrap_argv(work: Path, limits: SandboxLimits, uid: int | None) -> list[str]:
-    """The bwrap command line for one worker whose folder is `work` (mounted at /sandbox)."""
+def _bwrap_argv(work: Path, limits: SandboxLimits, uid: int | None, runtime_args: Sequence[str]) -> list[str]:
+    """The bwrap command line for the runtime with `runtime_args`, in a sandbox whose one writable
+    host folder is `work` (mounted at /sandbox). `uid`: the engine is root and the runtime may
+    change to unprivileged uids."""
     argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
     if uid is not None:
@@ -229,12 +234,8 @@ def _bwrap_argv(work: Path, limits: SandboxLimits, uid: int | None) -> list[str]
     argv += ["--perms", "0755", "--dir", str(Path(BOX_RUNTIME).parent),
              "--ro-bind", str(RUNTIME), BOX_RUNTIME, "--proc", "/proc", "--dev", "/dev",
              "--bind", str(work), BOX_WORK, "--remount-ro", "/", "--chdir", BOX_WORK,
-             "--", sys.executable, "-I", BOX_RUNTIME, "--harness", f"{BOX_WORK}/harness",
-             "--memory-mb", str(limits.memory_mb), "--file-mb", str(limits.file_mb),
-             "--cpu-s", str(limits.cpu_s), "--nproc", str(limits.processes)]
-    if uid is not None:
-        argv += ["--uid", str(uid)]
-    return argv
+             "--", sys.executable, "-I", BOX_RUNTIME]
+    return argv + list(runtime_args)
 
 
 def _chown_tree(root: Path, uid: int) -> None:
@@ -278,36 +279,219 @@ class _Output:
         return text
 
 
-class HarnessWorker:
-    """One sandboxed process serving one harness version, reused across instances until it fails."""
+def _limit_args(limits: SandboxLimits, *, nproc: bool) -> list[str]:
+    return ["--memory-mb", str(limits.memory_mb), "--file-mb", str(limits.file_mb),
+            "--cpu-s", str(limits.cpu_s), "--nproc", str(limits.processes if nproc else 0)]
 
-    def __init__(self, files: dict[str, str], limits: SandboxLimits) -> None:
+
+class Zygote:
+    """The fork server of one pool (`harness_runtime.zygote`): one sandbox (one bwrap, or one
+    plain process) holding an interpreter with the runtime loaded, from which every worker of the
+    pool is forked. An interpreter start costs about 100 ms of CPU; at concurrency 32 on two cores
+    that kept the last slots of a batch waiting over a second for their first instance. A fork
+    costs a few milliseconds.
+
+    Inside one pool's sandbox, each worker still has its own folder (mode 0700), its own session
+    and limits and, when the engine is root, its own uid: workers cannot read, signal or trace
+    each other, and a fork bomb hits only its own uid's process limit. What they share is the
+    pool's PID namespace (they can see that siblings exist), its private /tmp, and the harness
+    version they all run.
+
+    The zygote is started and kept by a thread of its own: PR_SET_PDEATHSIG and bwrap's
+    --die-with-parent follow the thread that started a process, so no caller's thread may own it.
+    Thread-safe: requests are serialised on the control socket."""
+
+    def __init__(self, limits: SandboxLimits) -> None:
         self.limits = limits
         self.isolation = isolation(limits.isolation)
-        self._tmp = Path(tempfile.mkdtemp(prefix="ecdysis-h-"))
-        self._dir = write_dir(files, self._tmp / "harness")
-        self.load_error: SolveOutcome | None = None
+        self.root = Path(tempfile.mkdtemp(prefix="ecdysis-pool-"))
+        os.chmod(self.root, 0o755)
+        self.uid_range = self.isolation.mode == "bwrap" and self.isolation.drop_uid
+        self._lock = threading.Lock()
+        self._count = 0
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._ctl = ours
+        args = ["--zygote", "--control-fd", str(theirs.fileno())]
+        if self.uid_range:
+            args += ["--uid-min", str(SANDBOX_UID_BASE)]
         if self.isolation.mode == "bwrap":
-            uid = _sandbox_uid() if self.isolation.drop_uid else None
-            if uid is not None:
-                _chown_tree(self._tmp, uid)  # the worker folder is the one place it may write
-            cmd = _bwrap_argv(self._tmp, limits, uid) + ["--serve"]
+            cmd = _bwrap_argv(self.root, limits, SANDBOX_UID_BASE if self.uid_range else None, args)
             env = scrubbed_env(BOX_HOME)
         else:
-            # No RLIMIT_NPROC here: outside a namespace it would count every process of the
-            # engine's user (and root is exempt anyway), so it limits the wrong thing.
-            cmd = [sys.executable, "-I", str(RUNTIME), "--serve", "--harness", str(self._dir),
-                   "--memory-mb", str(limits.memory_mb), "--file-mb", str(limits.file_mb),
-                   "--cpu-s", str(limits.cpu_s)]
-            env = scrubbed_env(str(self._tmp))
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, cwd=self._tmp, env=env,
-                                      start_new_session=True)
+            cmd = [sys.executable, "-I", str(RUNTIME), *args]
+            env = scrubbed_env(str(self.root))
+        started: list[subprocess.Popen[bytes] | BaseException] = []
+        self._release = threading.Event()
+        ready = threading.Event()
+
+        def keep() -> None:
+            try:
+                started.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.PIPE, cwd=self.root, env=env,
+                                                pass_fds=[theirs.fileno()], start_new_session=True))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+                started.append(exc)
+            ready.set()
+            self._release.wait()
+
+        self._keeper = threading.Thread(target=keep, name="ecd-zygote", daemon=True)
+        self._keeper.start()
+        ready.wait()
+        theirs.close()
+        if isinstance(started[0], BaseException):
+            self._cleanup()
+            raise ConfigError(f"the harness sandbox could not start: {started[0]}")
+        self._proc = started[0]
+        hello = self._recv(timeout_s=30.0)
+        if hello is None or hello.get("op") != "ready":
+            why = self._stderr_tail() or "no answer from the sandbox's fork server"
+            self.close()
+            raise ConfigError(f"the harness sandbox could not start: {why}")
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def box_path(self, host: Path) -> str:
+        """Where a host path under `root` appears to the workers."""
+        if self.isolation.mode != "bwrap":
+            return str(host)
+        return f"{BOX_WORK}/{host.relative_to(self.root)}" if host != self.root else BOX_WORK
+
+    def new_folder(self, files: dict[str, str]) -> tuple[Path, int | None]:
+        """A worker's own folder holding the harness, and the uid it will run as."""
+        with self._lock:
+            self._count += 1
+            folder = self.root / f"w{self._count}"
+        write_dir(files, folder / "harness")
+        uid = _sandbox_uid() if self.uid_range else None
+        if uid is not None:
+            _chown_tree(folder, uid)  # the worker's folder is the one place it may write
+        os.chmod(folder, 0o700)
+        return folder, uid
+
+    def spawn(self, folder: Path, uid: int | None) -> tuple[int, int, int, int]:
+        """A worker forked into `folder`: (its pid in the sandbox, and the engine's ends of its
+        stdin, stdout and stderr)."""
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        mine = (stdin_w, stdout_r, stderr_r)
+        box = self.box_path(folder)
+        limits = self.limits
+        request = {"op": "spawn", "cwd": box, "harness": f"{box}/harness", "uid": uid,
+                   "home": BOX_HOME if self.isolation.mode == "bwrap" else str(folder),
+                   "memory_mb": limits.memory_mb, "file_mb": limits.file_mb, "cpu_s": limits.cpu_s,
+                   # Outside a namespace RLIMIT_NPROC would count every process of the engine's
+                   # user (and root is exempt), so it limits the wrong thing there.
+                   "nproc": limits.processes if self.isolation.mode == "bwrap" else 0}
+        try:
+            reply = self._call(request, fds=[stdin_r, stdout_w, stderr_w])
+        finally:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                os.close(fd)
+        if reply is None or not reply.get("ok"):
+            for fd in mine:
+                os.close(fd)
+            raise ConfigError("the harness sandbox could not start a worker: "
+                              + (reply.get("message", "") if reply else self._stderr_tail() or "its fork server is gone"))
+        return int(reply["pid"]), *mine
+
+    def end(self, pid: int, *, grace_s: float = 0.0) -> int | None:
+        """Retire a worker: its exit code (negative: the signal that killed it), after waiting
+        `grace_s` for it to exit by itself, then SIGKILL for it and all it left running."""
+        reply = self._call({"op": "end", "pid": pid, "grace_s": grace_s})
+        return int(reply["code"]) if reply and reply.get("ok") else None
+
+    def _call(self, request: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any] | None:
+        with self._lock:
+            if self._proc.poll() is not None:
+                return None
+            try:
+                socket.send_fds(self._ctl, [json.dumps(request).encode()], list(fds))
+            except OSError:
+                return None
+            return self._recv(timeout_s=60.0)
+
+    def _recv(self, timeout_s: float) -> dict[str, Any] | None:
+        self._ctl.settimeout(timeout_s)
+        try:
+            data = self._ctl.recv(1 << 16)
+        except OSError:
+            return None
+        try:
+            msg = json.loads(data) if data else None
+        except json.JSONDecodeError:
+            return None
+        return msg if isinstance(msg, dict) else None
+
+    def _stderr_tail(self) -> str:
+        stream = getattr(self, "_proc", None) and self._proc.stderr
+        if not stream or self._proc.poll() is None:
+            return ""
+        try:
+            return stream.read(65536).decode("utf-8", "replace").strip().splitlines()[-1][:300]
+        except (OSError, ValueError, IndexError):
+            return ""
+
+    def close(self) -> None:
+        """Every worker of the pool ends with it: under bwrap the whole PID namespace goes with
+        bwrap; a plain zygote ends its workers itself on EOF (and is killed if it lingers)."""
+        try:
+            self._ctl.close()
+        except OSError:
+            pass
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            if self.isolation.mode == "bwrap":
+                _killpg(proc)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _killpg(proc)
+                proc.wait(timeout=5)
+        if proc is not None and proc.stderr is not None:
+            proc.stderr.close()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        self._release.set()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _killpg(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait(timeout=5)
+
+
+class HarnessWorker:
+    """One sandboxed process serving one harness version, reused across instances until it
+    fails; forked by the pool's `Zygote` (by one of its own when none is given)."""
+
+    def __init__(self, files: dict[str, str], limits: SandboxLimits, zygote: Zygote | None = None) -> None:
+        self.limits = limits
+        self._own_zygote = zygote is None
+        self._zygote = zygote or Zygote(limits)
+        self.isolation = self._zygote.isolation
+        self.load_error: SolveOutcome | None = None
+        self._ended = False
+        self._folder, self.uid = self._zygote.new_folder(files)
+        try:
+            self.pid, stdin_fd, self._out_fd, err_fd = self._zygote.spawn(self._folder, self.uid)
+        except ConfigError as exc:
+            self._ended = True
+            self.load_error = SolveOutcome(None, "crash", exc.message)
+            self._release()
+            return
+        self._stdin = os.fdopen(stdin_fd, "wb")
         # Both pipes are read by whichever thread is talking to the worker, in one select loop:
         # no thread per worker, and no waiting for one to catch up with the output.
         self._output = _Output(limits.output_tail)
-        self._out_fd = self._proc.stdout.fileno()  # type: ignore[union-attr]
-        self._err_fd: int | None = self._proc.stderr.fileno()  # type: ignore[union-attr]
+        self._err_fd: int | None = err_fd  # None once it reached EOF
+        self._err_raw = err_fd
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._out_fd, selectors.EVENT_READ)
         self._sel.register(self._err_fd, selectors.EVENT_READ)
@@ -323,7 +507,12 @@ class HarnessWorker:
 
     @property
     def alive(self) -> bool:
-        return self.load_error is None and self._proc.poll() is None
+        """Loaded, not retired, and with nothing on its stdout while idle (EOF: it died)."""
+        if self.load_error is not None or self._ended:
+            return False
+        if select.select([self._out_fd], [], [], 0)[0]:
+            return False
+        return self._zygote.alive
 
     def _read(self, deadline: float) -> dict[str, Any] | None:
         """One protocol message, or None on EOF or when the deadline passes; what the harness
@@ -370,8 +559,8 @@ class HarnessWorker:
 
     def _write(self, obj: dict[str, Any]) -> bool:
         try:
-            self._proc.stdin.write((json.dumps(obj) + "\n").encode())  # type: ignore[union-attr]
-            self._proc.stdin.flush()  # type: ignore[union-attr]
+            self._stdin.write((json.dumps(obj) + "\n").encode())
+            self._stdin.flush()
             return True
         except (BrokenPipeError, OSError):
             return False
@@ -432,11 +621,9 @@ class HarnessWorker:
         return outcome
 
     def _died(self, model_seconds: float = 0.0) -> SolveOutcome:
-        code = self._proc.wait(timeout=5) if self._proc.poll() is None else self._proc.returncode
+        code = self._end(grace_s=5.0)
         tail = self._drain_output(wait_s=1.0)  # to EOF: the last lines it printed before dying
         self.close()
-        if self.isolation.mode == "bwrap" and code is not None and code > 128:
-            code = -(code - 128)  # bwrap reports its child's fatal signal as 128 + signal
         if code is not None and code < 0:
             sig = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
             kind = "timeout" if sig == "SIGXCPU" else ("memory" if sig in ("SIGKILL", "SIGSEGV") and "MemoryError" in tail else "crash")
@@ -446,52 +633,76 @@ class HarnessWorker:
         return SolveOutcome(None, kind, f"harness process exited with code {code}", output_tail=tail,
                             model_seconds=model_seconds)
 
+    def _end(self, *, grace_s: float = 0.0) -> int | None:
+        """The worker's exit code once it is gone (killed after `grace_s`); None if unknown."""
+        if self._ended:
+            return None
+        self._ended = True
+        return self._zygote.end(self.pid, grace_s=grace_s)
+
     def _kill(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)  # the whole group: children it forked too
-            except (ProcessLookupError, PermissionError):
-                self._proc.kill()
-            self._proc.wait(timeout=5)
+        self._end()
+
+    def detach(self) -> None:
+        """Close the engine's side only: for a pool closing its zygote, which ends every worker."""
+        self._ended = True
+        self.close()
 
     def close(self) -> None:
-        self._kill()
+        self._end()
         self._err_fd = None
-        for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+        for closing in (self._sel.close, self._stdin.close, lambda: os.close(self._out_fd),
+                        lambda: os.close(self._err_raw)):
             try:
-                stream.close()  # type: ignore[union-attr]
-            except (OSError, ValueError):
+                closing()
+            except (OSError, ValueError, KeyError):
                 pass
-        try:
-            self._sel.close()
-        except (OSError, ValueError, KeyError):
-            pass
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._release()
+
+    def _release(self) -> None:
+        shutil.rmtree(self._folder, ignore_errors=True)
+        if self._own_zygote:
+            self._zygote.close()
 
 
 class WorkerPool:
-    """Workers for one harness version; a thread borrows one, a failed worker is replaced."""
+    """Workers for one harness version, forked from one `Zygote`; a thread borrows one, a failed
+    worker is replaced (and a zygote that died, with all its workers, too)."""
 
     def __init__(self, files: dict[str, str], limits: SandboxLimits) -> None:
         self.files = files
         self.limits = limits
         self._idle: list[HarnessWorker] = []
         self._lock = threading.Lock()
+        self._zygote: Zygote | None = None
+        self._zygote_lock = threading.Lock()
         self._load_error: SolveOutcome | None = None
-        # Starting a worker is CPU-bound: 64 threads starting theirs at once all finish late,
-        # while a core's worth at a time lets the first instances start after one start-up.
-        self._starting = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
+
+    def _fork_server(self) -> Zygote:
+        with self._zygote_lock:
+            if self._zygote is None or not self._zygote.alive:
+                if self._zygote is not None:
+                    self._zygote.close()
+                self._zygote = None
+                self._zygote = Zygote(self.limits)
+            return self._zygote
 
     def solve(self, task: dict[str, Any], on_generate: ModelHandler) -> SolveOutcome:
         if self._load_error is not None:
             return self._load_error
+        worker = None
         with self._lock:
-            worker = self._idle.pop() if self._idle else None
-        if worker is None or not worker.alive:
-            with self._starting:
-                if self._load_error is not None:
-                    return self._load_error
-                worker = HarnessWorker(self.files, self.limits)
+            while self._idle and worker is None:
+                worker = self._idle.pop()
+                if not worker.alive:
+                    worker.close()
+                    worker = None
+        if worker is None:
+            try:
+                worker = HarnessWorker(self.files, self.limits, self._fork_server())
+            except ConfigError as exc:
+                self._load_error = SolveOutcome(None, "crash", exc.message)
+                return self._load_error
             if worker.load_error is not None:
                 self._load_error = worker.load_error
                 return worker.load_error
@@ -502,7 +713,12 @@ class WorkerPool:
         return outcome
 
     def close(self) -> None:
+        """Ends every worker at once: closing the zygote ends its sandbox, workers included."""
         with self._lock:
             workers, self._idle = self._idle, []
         for worker in workers:
-            worker.close()
+            worker.detach()
+        with self._zygote_lock:
+            if self._zygote is not None:
+                self._zygote.close()
+                self._zygote = None

@@ -324,8 +324,9 @@ def _pool(code: str, **limits: object) -> WorkerPool:
 @needs_bwrap
 def test_sandbox_sees_only_its_own_world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """What the harness sees from inside, in one call: its uid is not root and not the engine's,
-    its PID namespace holds only itself (and bwrap's init), the data folder does not exist, only
-    the harness folder and /tmp are writable, there is no network device but loopback."""
+    its PID namespace holds only itself, bwrap's init and the pool's fork server (whose files it
+    cannot read), the data folder does not exist, only its own harness folder and /tmp are
+    writable, there is no network device but loopback."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "ecdysis.db").write_text("secret rows")
@@ -339,7 +340,14 @@ def test_sandbox_sees_only_its_own_world(monkeypatch: pytest.MonkeyPatch, tmp_pa
         "        except OSError:\n"
         "            return False\n"
         f"    home = {str(home)!r}\n"
-        "    return json.dumps({'uid': os.getuid(), 'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit()),\n"
+        "    def readable(pid):\n"
+        "        try:\n"
+        "            open(f'/proc/{pid}/environ', 'rb').read(1); return True\n"
+        "        except OSError:\n"
+        "            return False\n"
+        "    pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "    return json.dumps({'uid': os.getuid(), 'pids': pids, 'me': os.getpid(),\n"
+        "                       'readable': [p for p in pids if p != os.getpid() and readable(p)],\n"
         "                       'home_visible': os.path.exists(home), 'net': sorted(os.listdir('/sys/class/net')) if os.path.exists('/sys/class/net') else [],\n"
         "                       'ifaces': [n for _, n in socket.if_nameindex()],\n"
         "                       'writable': sorted(set(p for p in (str(harness.dir), '/tmp', os.environ['HOME'], '/', '/usr', '/etc',\n"
@@ -352,10 +360,11 @@ def test_sandbox_sees_only_its_own_world(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert out.error_type is None, out
     seen = json.loads(out.answer or "{}")
     assert seen["uid"] not in (0, os.getuid())
-    assert set(seen["pids"]) <= {1, 2}
+    assert set(seen["pids"]) == {1, 2, seen["me"]}  # bwrap's init, the fork server, itself
+    assert seen["readable"] == []
     assert seen["home_visible"] is False
     assert seen["ifaces"] == ["lo"]
-    assert seen["writable"] == [f"{sandbox.BOX_WORK}/harness", "/tmp"]  # HOME is /tmp
+    assert seen["writable"] == [f"{sandbox.BOX_WORK}/w1/harness", "/tmp"]  # HOME is /tmp
 
 
 @needs_bwrap
@@ -396,8 +405,9 @@ def test_fork_bomb_costs_one_instance_and_the_next_one_is_clean() -> None:
         pool.close()
     assert bomb.error_type == "exception" and "BlockingIOError" in (bomb.error_message or ""), bomb
     assert spent < 8.0  # stopped by the process limit, not by the 10 s timeout
-    # A fresh worker: only bwrap's init and the runtime are in its namespace, and it stays reused.
-    assert [o.answer for o in after] == ["2", "2", "2"], after
+    # A fresh worker, and nothing of the bomb left: the namespace holds bwrap's init, the pool's
+    # fork server and that one worker, which stays reused.
+    assert [o.answer for o in after] == ["3", "3", "3"], after
 
 
 @needs_bwrap
