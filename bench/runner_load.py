@@ -84,6 +84,7 @@ def measure(suite_path: Path, *, n: int, concurrency: int, latency_s: float, bas
         first_done: list[float] = []
         requests_before = server.stats()["requests"]
         cpu_before = _cpu()
+        machine_before = _machine()
         started = time.perf_counter()
 
         def events(e: dict[str, Any]) -> None:
@@ -93,6 +94,7 @@ def measure(suite_path: Path, *, n: int, concurrency: int, latency_s: float, bas
         summary = svc.execute_run(run.id, use_cache=False, events=events)
         wall = time.perf_counter() - started
         engine_cpu = _cpu() - cpu_before
+        steal = _steal_share(machine_before, _machine())
         results = svc.results(run.id)
         stats = server.stats()
         store.close()
@@ -119,6 +121,9 @@ def measure(suite_path: Path, *, n: int, concurrency: int, latency_s: float, bas
         "model_calls": summary.model_calls, "server_requests": stats["requests"] - requests_before,
         "server_max_in_flight": stats["max_in_flight"], "errors": summary.errors,
         "accuracy": summary.accuracy, "load_average": round(os.getloadavg()[0], 2),
+        # The share of this machine's CPU time that its hypervisor gave to other guests meanwhile
+        # ("steal"): on a shared VM, a level run with much of it measures the neighbours.
+        "steal_pct": steal,
     }
 
 
@@ -127,18 +132,37 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime
 
 
+def _machine() -> list[int] | None:
+    """The aggregate `cpu` line of /proc/stat (jiffies: user nice system idle iowait irq softirq
+    steal ...), or None where there is none."""
+    try:
+        with open("/proc/stat") as fh:
+            return [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def _steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    if not before or not after or len(before) < 8:
+        return None
+    delta = [b - a for a, b in zip(before, after)]
+    total = sum(delta[:8])
+    return round(100.0 * delta[7] / total, 1) if total else None
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"Latency {meta['latency_ms']:g} ms per call, starter harness, cache off, fresh SQLite per level, "
              f"executor `{meta['executor']}`, sandbox `{meta['sandbox']}`, {meta['cpus']} CPUs, "
              f"Python {meta['python']}; machine load average {meta['load_before']} before, "
              f"{meta['load_after']} after.", "",
              "| concurrency | n | wall (s) | ideal (s) | wall / ideal | overhead per instance (ms) "
-             "| in-instance overhead (ms) | call overhead (ms) | engine CPU per instance (ms) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| in-instance overhead (ms) | call overhead (ms) | engine CPU per instance (ms) | CPU stolen (%) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['concurrency']} | {r['n']} | {r['wall_s']:.2f} | {r['ideal_s']:.2f} | "
                      f"{r['ratio']:.3f} | {r['overhead_ms_per_instance']:.1f} | {r['in_instance_overhead_ms']:.1f} | "
-                     f"{r['call_overhead_ms']:.1f} | {r['engine_cpu_ms_per_instance']:.1f} |")
+                     f"{r['call_overhead_ms']:.1f} | {r['engine_cpu_ms_per_instance']:.1f} | "
+                     f"{'-' if r.get('steal_pct') is None else r['steal_pct']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -155,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     os.environ.setdefault("ECDYSIS_OPENAI_CONCURRENCY", str(max(levels)))
     from ecdysis.sandbox import isolation
+    boundary = isolation()  # probed once per process (about 0.15 s), not once per batch: not timed
     if args.executor == "ray":  # started here, so the levels time the batch and not Ray's start-up
         from ecdysis.executors.ray_executor import import_ray
         import_ray(local=True).init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
@@ -169,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                           base_url=server.base_url, executor=args.executor, server=server)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    meta = {"latency_ms": args.latency_ms, "executor": args.executor, "sandbox": isolation().mode,
+    meta = {"latency_ms": args.latency_ms, "executor": args.executor, "sandbox": boundary.mode,
             "load_before": load_before, "load_after": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
             "python": platform.python_version(), "at": time.strftime("%Y-%m-%d %H:%M:%S"),
             "budget_s": args.budget_s, "n_max": args.n}

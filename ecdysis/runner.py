@@ -299,9 +299,12 @@ class Runner:
                 return "budget"
             return None
 
+        stored: list[InstanceResult] = []  # this execution's results, each stored before it arrives
+
         def on_result(result: InstanceResult) -> None:
             nonlocal finished
             finished += 1
+            stored.append(result)
             self.events({"type": "instance_done", "run_id": run.id, "done": finished, "total": total,
                          "instance_id": result.instance_id, "correct": result.correct,
                          "error_type": result.error_type})
@@ -312,7 +315,9 @@ class Runner:
         stop_reason = executor.run(batch, todo, on_result=on_result, should_stop=should_stop)
         wall = time.perf_counter() - started
         previous_wall = float(run.summary.get("wall_seconds_total", 0.0)) if run.summary else 0.0
-        summary = summarize(run, suite, self.store.get_results(run.id), wall)
+        # A fresh run's results are all here already; reading 2,000 back cost a quarter second.
+        results = stored if not done else self.store.get_results(run.id)
+        summary = summarize(run, suite, results, wall)
         run.summary = {**summary.to_json(), "wall_seconds_total": previous_wall + wall,
                        "isolation": boundary.to_json()}
         complete = len(self.store.done_instance_ids(run.id)) >= total

@@ -10,6 +10,7 @@ again, which is what a resumed run does.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,40 @@ _FILE_SUFFIXES = (".jsonl", ".json")
 
 
 def load_suite(name: str, *, store: Store | None = None, seed: int = 0) -> Suite:
-    """The suite called `name`, splits assigned with `seed`; `NotFound` lists what exists."""
-    suite = _resolve(name, store)
-    return replace(suite, instances=assign_splits(suite.instances, seed=seed))
+    """The suite called `name`, splits assigned with `seed`; `NotFound` lists what exists.
+
+    A suite file is parsed and checked once per version of the file (path, size and mtime): a job
+    loads its suite several times, and 2,000 JSONL lines cost about 0.15 s each time."""
+    stamp = _file_stamp(name)
+    key = (name, seed, stamp)
+    with _cache_lock:
+        cached = _file_cache.get(key) if stamp is not None else None
+    if cached is None:
+        suite = _resolve(name, store)
+        cached = replace(suite, instances=assign_splits(suite.instances, seed=seed))
+        if stamp is not None:
+            with _cache_lock:
+                _file_cache[key] = cached
+                while len(_file_cache) > _FILE_CACHE_SIZE:
+                    _file_cache.pop(next(iter(_file_cache)))
+    return replace(cached, instances=list(cached.instances))  # instances are frozen; the list is the caller's
+
+
+_FILE_CACHE_SIZE = 8
+_file_cache: dict[tuple[str, int, tuple[str, int, int]], Suite] = {}
+_cache_lock = threading.Lock()
+
+
+def _file_stamp(name: str) -> tuple[str, int, int] | None:
+    """(resolved path, size, mtime in ns) of a suite file, None for every other kind of name."""
+    if name in builtin_suite_names() or name.startswith(BIGBENCH_PREFIX) or not name.endswith(_FILE_SUFFIXES):
+        return None
+    try:
+        path = Path(name).expanduser().resolve()
+        st = path.stat()
+    except OSError:
+        return None
+    return (str(path), st.st_size, st.st_mtime_ns) if path.is_file() else None
 
 
 def describe_suites(store: Store | None = None) -> list[dict[str, Any]]:
