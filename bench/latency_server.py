@@ -33,6 +33,7 @@ class _Stats:
         self.in_flight = 0
         self.max_in_flight = 0
         self.last_request = time.monotonic()
+        self.handling_s = 0.0  # summed over completions: from parsing the request to the reply sent
 
     def enter(self) -> None:
         with self.lock:
@@ -41,15 +42,16 @@ class _Stats:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self.last_request = time.monotonic()
 
-    def leave(self) -> None:
+    def leave(self, handling_s: float = 0.0) -> None:
         with self.lock:
             self.in_flight -= 1
+            self.handling_s += handling_s
             self.last_request = time.monotonic()
 
     def snapshot(self) -> dict[str, int]:
         with self.lock:
             return {"requests": self.requests, "in_flight": self.in_flight,
-                    "max_in_flight": self.max_in_flight}
+                    "max_in_flight": self.max_in_flight, "handling_s": round(self.handling_s, 6)}
 
 
 class LatencyHTTPServer(ThreadingHTTPServer):
@@ -70,6 +72,10 @@ class _Handler(BaseHTTPRequestHandler):
     wbufsize = 1 << 16
     disable_nagle_algorithm = True
     server: LatencyHTTPServer
+
+    def parse_request(self) -> bool:
+        self.arrived = time.perf_counter()  # the request line is in; headers are parsed next
+        return super().parse_request()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
@@ -114,7 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(self.server.reply.split()),
                           "total_tokens": prompt_tokens + len(self.server.reply.split())}})
         finally:
-            stats.leave()
+            stats.leave(time.perf_counter() - self.arrived)
 
 
 def serve(port: int, *, latency_s: float, reply: str, max_requests: int, max_seconds: float,

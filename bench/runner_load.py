@@ -82,7 +82,8 @@ def measure(suite_path: Path, *, n: int, concurrency: int, latency_s: float, bas
         run = svc.create_run(RunRequest(suite=str(suite_path), model="openai:latency", split="all",
                                         limit=n, concurrency=concurrency, use_cache=False))
         first_done: list[float] = []
-        requests_before = server.stats()["requests"]
+        before = server.stats()
+        requests_before, handling_before = before["requests"], before["handling_s"]
         cpu_before = _cpu()
         machine_before = _machine()
         started = time.perf_counter()
@@ -113,6 +114,9 @@ def measure(suite_path: Path, *, n: int, concurrency: int, latency_s: float, bas
         # Each model call beyond the server's fixed latency: the HTTP client (the SDK) and the
         # server's own handling.
         "call_overhead_ms": round((statistics.mean(call_latency) - latency_s) * 1000, 2) if call_latency else None,
+        # The server's part of it: from the request line read to the reply written, beyond the latency.
+        "server_overhead_ms": round(((stats["handling_s"] - handling_before) / max(1, stats["requests"] - requests_before)
+                                     - latency_s) * 1000, 2),
         "first_result_s": round(first_done[0], 3) if first_done else None,
         # CPU of the engine process itself (all its threads), per instance. Harness workers are
         # killed at the end of a run, so their CPU never reaches RUSAGE_CHILDREN and is not shown.
