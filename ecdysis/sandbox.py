@@ -234,7 +234,7 @@ def _bwrap_argv(work: Path, limits: SandboxLimits, uid: int | None, runtime_args
     argv += ["--perms", "0755", "--dir", str(Path(BOX_RUNTIME).parent),
              "--ro-bind", str(RUNTIME), BOX_RUNTIME, "--proc", "/proc", "--dev", "/dev",
              "--bind", str(work), BOX_WORK, "--remount-ro", "/", "--chdir", BOX_WORK,
-             "--", sys.executable, "-I", BOX_RUNTIME]
+             "--", sys.executable, "-I", "-S", BOX_RUNTIME]
     return argv + list(runtime_args)
 
 
@@ -318,7 +318,7 @@ class Zygote:
             cmd = _bwrap_argv(self.root, limits, SANDBOX_UID_BASE if self.uid_range else None, args)
             env = scrubbed_env(BOX_HOME)
         else:
-            cmd = [sys.executable, "-I", str(RUNTIME), *args]
+            cmd = [sys.executable, "-I", "-S", str(RUNTIME), *args]
             env = scrubbed_env(str(self.root))
         started: list[subprocess.Popen[bytes] | BaseException] = []
         self._release = threading.Event()

@@ -4,13 +4,16 @@ llama.cpp's server, LM Studio via the base URL). The registry wraps it in `with_
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
+import httpx
 import openai
 from openai.types.chat import ChatCompletion
 
 from ecdysis.errors import ModelError
+from ecdysis.models.loopback import LoopbackTransport, is_loopback_url
 from ecdysis.models.retry import is_retryable_status, parse_retry_after, status_kind
 from ecdysis.records import Completion, CompletionRequest
 
@@ -40,8 +43,14 @@ class OpenAIBackend:
         self.max_concurrency = max_concurrency
         self.deterministic = deterministic
         self._secret = api_key or ""
+        # A server on this machine gets the lean loopback transport (see `loopback`); any other
+        # keeps the SDK's own httpx client, with its proxy, TLS and pool handling.
+        effective = base_url or os.environ.get("OPENAI_BASE_URL")
+        http_client = httpx.Client(transport=LoopbackTransport(), timeout=timeout_s, follow_redirects=True) \
+            if is_loopback_url(effective) else None
+        self.transport = "loopback" if http_client is not None else "httpx"
         self._client = openai.OpenAI(api_key=api_key or PLACEHOLDER_KEY, base_url=base_url,
-                                     timeout=timeout_s, max_retries=0)
+                                     timeout=timeout_s, max_retries=0, http_client=http_client)
         self.base_url = str(self._client.base_url)
 
     def __repr__(self) -> str:
