@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,6 +34,7 @@ import pytest
 from ecdysis.errors import ConfigError, ModelError
 from ecdysis.models.anthropic_backend import AnthropicBackend, split_system
 from ecdysis.models.llamacpp import LlamaCppBackend, gguf_path
+from ecdysis.models.loopback import is_loopback_url
 from ecdysis.models.openai_backend import PLACEHOLDER_KEY, OpenAIBackend
 from ecdysis.models.registry import create_backend
 from ecdysis.models.retry import RetryingBackend, parse_retry_after, with_retries
@@ -628,3 +630,93 @@ def test_openai_without_key_or_base_url_is_a_config_error_with_hint() -> None:
     with pytest.raises(ConfigError) as caught:
         create_backend("openai:gpt-4o-mini", Settings.from_env())
     assert "OPENAI_BASE_URL" in (caught.value.hint or "")
+
+
+# --- the loopback transport under the OpenAI SDK -------------------------------------------------
+
+@pytest.mark.parametrize("url, loopback", [
+    ("http://127.0.0.1:8000/v1", True), ("http://localhost:11434/v1", True), ("http://[::1]:8080/v1", True),
+    ("http://127.3.2.1/v1", True), ("https://127.0.0.1:8000/v1", False), ("http://10.0.0.5:8000/v1", False),
+    ("https://api.openai.com/v1", False), ("http://localhost.example.com/v1", False), (None, False), ("", False),
+])
+def test_only_plain_http_to_this_machine_counts_as_loopback(url: str | None, loopback: bool) -> None:
+    assert is_loopback_url(url) is loopback
+
+
+def test_a_local_server_gets_the_loopback_transport_and_a_remote_one_the_sdk_default() -> None:
+    local = OpenAIBackend("m", base_url="http://127.0.0.1:9/v1", api_key=KEY)
+    remote = OpenAIBackend("m", base_url="https://api.example.com/v1", api_key=KEY)
+    try:
+        assert (local.transport, remote.transport) == ("loopback", "httpx")
+    finally:
+        local.close()
+        remote.close()
+
+
+class _KeepAliveThenClose:
+    """A raw HTTP/1.1 server that answers each connection's first request with a kept-alive reply
+    (no `Connection: close`) and then closes that connection: what a server with a short idle
+    timeout does to a client's pooled connection."""
+
+    def __init__(self, text: str) -> None:
+        self.connections = 0
+        self.requests = 0
+        self._body = json.dumps(chat_body(text)).encode()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))  # type: ignore[union-attr]
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                self.requests += 1
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(self._body), self._body))
+                time.sleep(0.05)  # the client has read the reply and pooled the connection
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def test_a_kept_alive_connection_the_server_closed_is_retried_once_on_a_fresh_one() -> None:
+    server = _KeepAliveThenClose("Paris")
+    backend = OpenAIBackend("m", base_url=server.url, api_key=KEY, timeout_s=5.0)
+    try:
+        first = backend.complete(QUESTION)
+        time.sleep(0.2)  # the server has closed the pooled connection by now
+        second = backend.complete(QUESTION)
+    finally:
+        backend.close()
+        server.close()
+    assert (first.text, second.text) == ("Paris", "Paris")
+    # One request per call reached the server: the dead connection cost a reconnect, not a retry
+    # of the call (the backend's own retries stay off in this test: no RetryingBackend).
+    assert (server.requests, server.connections) == (2, 2)
+
+
+def test_threads_share_one_backend_over_the_loopback_transport(serve: Callable[..., LoopbackServer]) -> None:
+    server = serve(lambda seen: Reply(200, chat_body(seen.body["messages"][-1]["content"][::-1])), max_requests=200)
+    backend = openai_on(server)
+    questions = [CompletionRequest.make([{"role": "user", "content": f"question {i}"}]) for i in range(64)]
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda q: backend.complete(q).text, questions))
+    finally:
+        backend.close()
+    assert answers == [f"question {i}"[::-1] for i in range(64)]  # every reply went to its own caller
+    assert len(server.requests) == 64
