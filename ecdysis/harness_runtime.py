@@ -217,18 +217,22 @@ def stray_count() -> int:
 
 
 def _count_children() -> int:
-    me = str(os.getpid())
-    count = 0
+    return len(_children_by_parent().get(os.getpid(), []))
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every process this PID namespace shows, grouped by its parent's pid (from /proc/PID/stat)."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and entry != me:
+        if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat", "rb") as fh:
-                    stat = fh.read().decode("ascii", "replace")
-            except OSError:
+                    # field 4, the ppid, after "(comm)", which may itself hold spaces and ")"
+                    ppid = int(fh.read().decode("ascii", "replace").rsplit(")", 1)[-1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if stat.rsplit(")", 1)[-1].split()[1:2] == [me]:  # field 4, the ppid, after "(comm)"
-                count += 1
-    return count
+            children.setdefault(ppid, []).append(int(entry))
+    return children
 
 
 def serve(folder: Path) -> int:
@@ -457,15 +461,7 @@ def _kill_worker(pid: int, uid: int | None, *, reaped: bool = False) -> None:
 
 
 def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    ppid = int(fh.read().decode("ascii", "replace").rsplit(")", 1)[-1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
+    children = _children_by_parent()
     found: set[int] = set()
     todo = [pid]
     while todo:
