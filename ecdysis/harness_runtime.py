@@ -427,6 +427,7 @@ def _kill_worker(pid: int, uid: int | None, *, reaped: bool = False) -> None:
     (Its process group's number cannot be: it is not reused while the group has a member.)"""
     import signal
     import time
+    victims = _descendants(pid)  # before anything dies and is reparented
     if uid is not None:
         sweeper = os.fork()
         if sweeper == 0:
@@ -436,12 +437,8 @@ def _kill_worker(pid: int, uid: int | None, *, reaped: bool = False) -> None:
             finally:
                 os._exit(0)
         os.waitpid(sweeper, 0)
-    victims: set[int] = set()
-    for _ in range(50):  # a fork bomb keeps forking while we kill: until none is left
-        found = _descendants(pid) - victims
-        if not found and victims:
-            break
-        for victim in found if reaped else found | {pid}:
+    for _ in range(50):  # a fork bomb keeps forking while we kill: until no new one shows
+        for victim in victims if reaped else victims | {pid}:
             try:
                 os.kill(victim, signal.SIGKILL)
             except OSError:
@@ -450,14 +447,22 @@ def _kill_worker(pid: int, uid: int | None, *, reaped: bool = False) -> None:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        victims |= found
+        found = _descendants(pid) - victims
         if not found:
             break
+        victims |= found
+    # Until every victim is gone and reaped: the killed come to us (the subreaper) as zombies, and a
+    # zombie left in the PID namespace would still show to the next worker.
     deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and any(_running(v) for v in victims):
+    while True:
         _reap(_WORKERS, _EXITED)
+        me = os.getpid()
+        orphans = [c for c in _children_by_parent().get(me, []) if c not in _WORKERS]
+        if not orphans and not any(os.path.exists(f"/proc/{v}") for v in victims - {pid}):
+            return
+        if time.monotonic() >= deadline:
+            return
         time.sleep(0.002)
-    _reap(_WORKERS, _EXITED)
 
 
 def _descendants(pid: int) -> set[int]:
@@ -470,14 +475,6 @@ def _descendants(pid: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def _reap(workers: dict[int, int | None], exited: dict[int, int]) -> None:
