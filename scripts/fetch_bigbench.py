@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Fetch the BIG-bench task files once, for `bigbench:TASK` suites (see ecdysis/suites/bigbench.py):
-download the `bigbench==1.0.0` sdist with pip, keep only its benchmark_tasks/**/task.json files.
+download the `bigbench==1.0.0` sdist from the package index, keep only its benchmark_tasks/**/task.json files.
 
-    python scripts/fetch_bigbench.py                   # into bigbench_dir(), downloading with pip
+    python scripts/fetch_bigbench.py                   # into bigbench_dir(), from PyPI (or PIP_INDEX_URL)
     python scripts/fetch_bigbench.py --sdist FILE.tar.gz --dest DIR
 
 Idempotent: when the folder already holds task files it does nothing. The package is never
@@ -14,9 +14,13 @@ end, so an interrupted fetch leaves no half-filled folder behind.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
 import shutil
-import subprocess
 import sys
+import urllib.parse
+import urllib.request
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -36,14 +40,31 @@ def has_tasks(dest: Path) -> bool:
 
 
 def download_sdist(workdir: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", REQUIREMENT,
-           "-d", str(workdir)]
-    print("downloading:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
-    found = sorted(workdir.glob("bigbench-*.tar.gz"))
-    if not found:
-        raise SystemExit(f"error: pip left no bigbench sdist in {workdir}")
-    return found[0]
+    """The sdist from the package index, its sha256 checked against the index's. Not with
+    `pip download`: pip 26 prepares the package's metadata even with --no-deps and refuses it
+    (bigbench declares a direct-URL dependency), so a fresh machine's set-up failed here."""
+    index = os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple"
+    name, version = REQUIREMENT.split("==")
+    filename = f"{name}-{version}.tar.gz"
+    listing = f"{index.rstrip('/')}/{name}/"
+    print(f"downloading: {filename} from {listing}", flush=True)
+    request = urllib.request.Request(listing, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        files = json.loads(resp.read()).get("files", [])
+    entry = next((f for f in files if f.get("filename") == filename), None)
+    if entry is None or not entry.get("hashes", {}).get("sha256"):
+        raise SystemExit(f"error: {listing} lists no {filename} with a sha256")
+    url = urllib.parse.urljoin(listing, entry["url"])
+    target = workdir / filename
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=600) as resp, target.open("wb") as out:
+        for chunk in iter(lambda: resp.read(1 << 20), b""):
+            digest.update(chunk)
+            out.write(chunk)
+    if digest.hexdigest() != entry["hashes"]["sha256"]:
+        target.unlink()
+        raise SystemExit(f"error: {filename} from {url} does not match the index's sha256")
+    return target
 
 
 def task_path(member: tarfile.TarInfo) -> PurePosixPath | None:
