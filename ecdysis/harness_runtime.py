@@ -1,7 +1,8 @@
 """The runtime that harness code runs in: standard library only, no engine imports.
 
-Two modes. `--serve` (the engine's sandbox): tasks arrive as JSON lines on stdin, model calls go
-back to the engine over the same pipe, so the harness never holds a key or a database handle.
+Two modes. In the engine's sandbox (`--zygote`, which forks the workers that `serve`): tasks
+arrive as JSON lines on a worker's stdin, model calls go back to the engine over the same pipe, so
+the harness never holds a key or a database handle.
 Standalone (an exported zip): `python run.py tasks.jsonl --base-url URL --model NAME` calls an
 OpenAI-compatible server directly and prints one JSON answer per line.
 
@@ -299,13 +300,12 @@ def zygote(control_fd: int, uid_min: int | None) -> int:
     _prctl(36, 1)  # subreaper: the orphans of retired workers come here to be reaped
     _prctl(1, 9)   # die with the engine (outside bwrap; inside, bwrap's --die-with-parent does it)
     ctl = socket.socket(fileno=control_fd)
-    workers, exited = _WORKERS, _EXITED
     import gc
     gc.collect()
     gc.freeze()  # what is loaded now is never scanned again: fewer pages copied into each fork
     ctl.send(json.dumps({"op": "ready", "pid": os.getpid()}).encode())
     while True:
-        _reap(workers, exited)
+        _reap()
         try:
             data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 3)
         except OSError:
@@ -315,9 +315,9 @@ def zygote(control_fd: int, uid_min: int | None) -> int:
         try:
             req = json.loads(data)
             if req.get("op") == "spawn":
-                reply = _spawn(req, fds, uid_min, workers)
+                reply = _spawn(req, fds, uid_min)
             elif req.get("op") == "end":
-                reply = _end(int(req["pid"]), workers, exited, float(req.get("grace_s", 0.0)))
+                reply = _end(int(req["pid"]), float(req.get("grace_s", 0.0)))
             else:
                 reply = {"ok": False, "message": f"unknown op {req.get('op')!r}"}
         except Exception as exc:  # noqa: BLE001 - a bad request must not end the pool
@@ -329,8 +329,8 @@ def zygote(control_fd: int, uid_min: int | None) -> int:
             ctl.send(json.dumps(reply).encode())
         except OSError:
             break
-    for pid in list(workers):
-        _end(pid, workers, exited, 0.0)
+    for pid in list(_WORKERS):
+        _end(pid, 0.0)
     return 0
 
 
@@ -350,8 +350,7 @@ _WORKERS: dict[int, int | None] = {}   # the zygote's live workers: pid -> uid
 _EXITED: dict[int, int] = {}           # reaped workers' wait statuses, until `end` asks
 
 
-def _spawn(req: dict[str, Any], fds: list[int], uid_min: int | None,
-           workers: dict[int, int | None]) -> dict[str, Any]:
+def _spawn(req: dict[str, Any], fds: list[int], uid_min: int | None) -> dict[str, Any]:
     if len(fds) != 3:
         raise ValueError(f"spawn needs 3 descriptors, got {len(fds)}")
     uid = req.get("uid")
@@ -388,24 +387,24 @@ def _spawn(req: dict[str, Any], fds: list[int], uid_min: int | None,
                 pass
         finally:
             os._exit(code)
-    workers[pid] = uid
+    _WORKERS[pid] = uid
     return {"ok": True, "pid": pid}
 
 
-def _end(pid: int, workers: dict[int, int | None], exited: dict[int, int], grace_s: float) -> dict[str, Any]:
+def _end(pid: int, grace_s: float) -> dict[str, Any]:
     import time
-    if pid not in workers:
+    if pid not in _WORKERS:
         return {"ok": False, "message": f"no worker {pid}"}
-    uid = workers[pid]
+    uid = _WORKERS[pid]
     deadline = time.monotonic() + grace_s
     killed = False
-    while pid not in exited:
+    while pid not in _EXITED:
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             done, status = pid, 0
         if done:
-            exited[pid] = status
+            _EXITED[pid] = status
         elif killed:
             time.sleep(0.001)
         elif time.monotonic() >= deadline:
@@ -413,9 +412,9 @@ def _end(pid: int, workers: dict[int, int | None], exited: dict[int, int], grace
             killed = True
         else:
             time.sleep(0.005)
-    status = exited.pop(pid)
+    status = _EXITED.pop(pid)
     _kill_worker(pid, uid, reaped=True)  # whatever it left running
-    workers.pop(pid, None)
+    _WORKERS.pop(pid, None)
     return {"ok": True, "code": os.waitstatus_to_exitcode(status)}
 
 
@@ -455,9 +454,8 @@ def _kill_worker(pid: int, uid: int | None, *, reaped: bool = False) -> None:
     # zombie left in the PID namespace would still show to the next worker.
     deadline = time.monotonic() + 2.0
     while True:
-        _reap(_WORKERS, _EXITED)
-        me = os.getpid()
-        orphans = [c for c in _children_by_parent().get(me, []) if c not in _WORKERS]
+        _reap()
+        orphans = [c for c in _children_by_parent().get(os.getpid(), []) if c not in _WORKERS]
         if not orphans and not any(os.path.exists(f"/proc/{v}") for v in victims - {pid}):
             return
         if time.monotonic() >= deadline:
@@ -477,7 +475,8 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _reap(workers: dict[int, int | None], exited: dict[int, int]) -> None:
+def _reap() -> None:
+    """Every dead child reaped; a worker's wait status is kept for `_end`."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -485,8 +484,8 @@ def _reap(workers: dict[int, int | None], exited: dict[int, int]) -> None:
             return
         if pid == 0:
             return
-        if pid in workers:
-            exited[pid] = status
+        if pid in _WORKERS:
+            _EXITED[pid] = status
 
 
 # ---------------------------------------------------------------- standalone mode
@@ -523,7 +522,6 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     parser = argparse.ArgumentParser(description="Run a harness on tasks (JSON lines) and print answers.")
     parser.add_argument("tasks", nargs="?", help="JSONL file of tasks ({'input': ..., 'choices': ...})")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--harness", default=str(Path(__file__).resolve().parent / "harness"),
                         help="harness folder (default: ./harness beside this file)")
     parser.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"))
@@ -545,9 +543,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.zygote:
         return zygote(args.control_fd, args.uid_min)
-    if args.serve:
-        apply_limits(args.memory_mb, args.file_mb, args.cpu_s, args.nproc, args.uid)
-        return serve(folder)
     if not args.tasks:
         parser.error("give a tasks.jsonl file")
     solve = load_solve(folder)

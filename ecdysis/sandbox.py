@@ -143,8 +143,10 @@ def _probe_bwrap() -> Isolation:
         if uid is not None:
             os.chown(work, uid, uid)
         limits = SandboxLimits()
-        cmd = _bwrap_argv(work, limits, uid, ["--probe", *_limit_args(limits, nproc=True),
-                                              *(["--uid", str(uid)] if uid is not None else [])])
+        cmd = _bwrap_argv(work, limits, uid, [
+            "--probe", "--memory-mb", str(limits.memory_mb), "--file-mb", str(limits.file_mb),
+            "--cpu-s", str(limits.cpu_s), "--nproc", str(limits.processes),
+            *(["--uid", str(uid)] if uid is not None else [])])
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
                                   env=scrubbed_env(BOX_HOME))
@@ -279,11 +281,6 @@ class _Output:
         return text
 
 
-def _limit_args(limits: SandboxLimits, *, nproc: bool) -> list[str]:
-    return ["--memory-mb", str(limits.memory_mb), "--file-mb", str(limits.file_mb),
-            "--cpu-s", str(limits.cpu_s), "--nproc", str(limits.processes if nproc else 0)]
-
-
 class Zygote:
     """The fork server of one pool (`harness_runtime.zygote`): one sandbox (one bwrap, or one
     plain process) holding an interpreter with the runtime loaded, from which every worker of the
@@ -304,9 +301,10 @@ class Zygote:
     def __init__(self, limits: SandboxLimits) -> None:
         self.limits = limits
         self.isolation = isolation(limits.isolation)
+        self.boxed = self.isolation.mode == "bwrap"  # False: a plain process, no namespaces
         self.root = Path(tempfile.mkdtemp(prefix="ecdysis-pool-"))
         os.chmod(self.root, 0o755)
-        self.uid_range = self.isolation.mode == "bwrap" and self.isolation.drop_uid
+        self.uid_range = self.boxed and self.isolation.drop_uid
         self._lock = threading.Lock()
         self._count = 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -314,7 +312,7 @@ class Zygote:
         args = ["--zygote", "--control-fd", str(theirs.fileno())]
         if self.uid_range:
             args += ["--uid-min", str(SANDBOX_UID_BASE)]
-        if self.isolation.mode == "bwrap":
+        if self.boxed:
             cmd = _bwrap_argv(self.root, limits, SANDBOX_UID_BASE if self.uid_range else None, args)
             env = scrubbed_env(BOX_HOME)
         else:
@@ -354,9 +352,7 @@ class Zygote:
 
     def box_path(self, host: Path) -> str:
         """Where a host path under `root` appears to the workers."""
-        if self.isolation.mode != "bwrap":
-            return str(host)
-        return f"{BOX_WORK}/{host.relative_to(self.root)}" if host != self.root else BOX_WORK
+        return f"{BOX_WORK}/{host.relative_to(self.root)}" if self.boxed else str(host)
 
     def new_folder(self, files: dict[str, str]) -> tuple[Path, int | None]:
         """A worker's own folder holding the harness, and the uid it will run as."""
@@ -380,11 +376,11 @@ class Zygote:
         box = self.box_path(folder)
         limits = self.limits
         request = {"op": "spawn", "cwd": box, "harness": f"{box}/harness", "uid": uid,
-                   "home": BOX_HOME if self.isolation.mode == "bwrap" else str(folder),
+                   "home": BOX_HOME if self.boxed else str(folder),
                    "memory_mb": limits.memory_mb, "file_mb": limits.file_mb, "cpu_s": limits.cpu_s,
                    # Outside a namespace RLIMIT_NPROC would count every process of the engine's
                    # user (and root is exempt), so it limits the wrong thing there.
-                   "nproc": limits.processes if self.isolation.mode == "bwrap" else 0}
+                   "nproc": limits.processes if self.boxed else 0}
         try:
             reply = self._call(request, fds=[stdin_r, stdout_w, stderr_w])
         finally:
@@ -443,7 +439,7 @@ class Zygote:
             pass
         proc = getattr(self, "_proc", None)
         if proc is not None and proc.poll() is None:
-            if self.isolation.mode == "bwrap":
+            if self.boxed:
                 _killpg(proc)
             try:
                 proc.wait(timeout=5)
@@ -475,7 +471,6 @@ class HarnessWorker:
         self.limits = limits
         self._own_zygote = zygote is None
         self._zygote = zygote or Zygote(limits)
-        self.isolation = self._zygote.isolation
         self.load_error: SolveOutcome | None = None
         self._ended = False
         self._folder, self.uid = self._zygote.new_folder(files)
@@ -577,7 +572,7 @@ class HarnessWorker:
             msg = self._read(deadline)
             if msg is None:
                 if time.monotonic() >= deadline:
-                    self._kill()
+                    self._end()  # killed: its output reaches EOF
                     tail = self._drain_output(wait_s=0.5)
                     self.close()
                     return SolveOutcome(None, "timeout", f"harness exceeded {self.limits.timeout_s:g}s",
@@ -640,9 +635,6 @@ class HarnessWorker:
         self._ended = True
         return self._zygote.end(self.pid, grace_s=grace_s)
 
-    def _kill(self) -> None:
-        self._end()
-
     def detach(self) -> None:
         """Close the engine's side only: for a pool closing its zygote, which ends every worker."""
         self._ended = True
@@ -683,7 +675,7 @@ class WorkerPool:
             if self._zygote is None or not self._zygote.alive:
                 if self._zygote is not None:
                     self._zygote.close()
-                self._zygote = None
+                    self._zygote = None  # not left pointing at a closed one if the next fails to start
                 self._zygote = Zygote(self.limits)
             return self._zygote
 
@@ -691,12 +683,15 @@ class WorkerPool:
         if self._load_error is not None:
             return self._load_error
         worker = None
+        dead: list[HarnessWorker] = []
         with self._lock:
             while self._idle and worker is None:
                 worker = self._idle.pop()
                 if not worker.alive:
-                    worker.close()
+                    dead.append(worker)
                     worker = None
+        for gone in dead:  # outside the lock: each close is a round trip to the zygote
+            gone.close()
         if worker is None:
             try:
                 worker = HarnessWorker(self.files, self.limits, self._fork_server())

@@ -108,6 +108,9 @@ class LoopbackTransport(httpx.BaseTransport):
         for key, value in list(conns.items()):
             if value is conn:
                 del conns[key]
+        with self._lock:  # or every reconnect of a long run would stay listed
+            if conn in self._open:
+                self._open.remove(conn)
 
     def close(self) -> None:
         with self._lock:
