@@ -12,6 +12,8 @@ from typing import Any, Mapping
 
 from diff_match_patch import diff_match_patch
 
+from ecdysis.records import from_fields
+
 Change = str  # "modified" | "added" | "deleted"
 
 
@@ -44,8 +46,7 @@ class FileDiff:
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "FileDiff":
-        fields: dict[str, Any] = {k: data.get(k) for k in FileDiff.__dataclass_fields__}
-        return FileDiff(**fields)
+        return from_fields(FileDiff, data)
 
 
 @dataclass

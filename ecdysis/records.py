@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, Mapping, TypeVar
+
+_D = TypeVar("_D")
+
+
+def from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
+    """The dataclass `cls` built from a stored dict: every field taken from `data`, a missing one
+    as None, unknown keys ignored (a record written by another version still reads)."""
+    return cls(**{f.name: data.get(f.name) for f in fields(cls)})  # type: ignore[arg-type]
 
 Split = Literal["train", "validation", "test"]
 SPLITS: tuple[Split, ...] = ("train", "validation", "test")

@@ -25,6 +25,7 @@ import pytest
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import FilePayload, Page, expect, sync_playwright  # noqa: E402
+from servers.proc_tree import stop  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -73,12 +74,7 @@ def app_url(tmp_path: Path, ecdysis_home: Path) -> Iterator[str]:
         wait_healthy(url, proc, log)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc, timeout_s=20)
     assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
 
 

@@ -40,6 +40,7 @@ from ecdysis.models.registry import create_backend
 from ecdysis.models.retry import RetryingBackend, parse_retry_after, with_retries
 from ecdysis.records import Completion, CompletionRequest
 from ecdysis.settings import Settings
+from servers.proc_tree import stop
 
 KEY = "sk-ecdysis-test-4f7a9c1e-do-not-leak"
 QUESTION = CompletionRequest.make([
@@ -236,12 +237,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         _wait_until_serving(proc, url, log, deadline_s=180.0)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        stop(proc, timeout_s=15)
 
 
 @pytest.mark.slow

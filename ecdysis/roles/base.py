@@ -12,6 +12,7 @@ from typing import Any, Literal, Mapping, Protocol, Sequence
 import jsonschema
 
 from ecdysis.aggregate import BatchContext, Cluster
+from ecdysis.records import from_fields
 
 RoleName = Literal["investigator", "attributor", "proposer", "critic"]
 ROLES: tuple[RoleName, ...] = ("investigator", "attributor", "proposer", "critic")
@@ -35,8 +36,7 @@ class RoleMessage:
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "RoleMessage":
-        fields: dict[str, Any] = {k: data.get(k) for k in RoleMessage.__dataclass_fields__}
-        return RoleMessage(**fields)
+        return from_fields(RoleMessage, data)
 
 
 @dataclass(frozen=True)

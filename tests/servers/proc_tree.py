@@ -1,9 +1,10 @@
 """Reading the process tree from /proc, for tests that prove no harness process outlives the
-engine (test_faults, test_hostile)."""
+engine (test_faults, test_hostile); and stopping a server process a test started."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 
@@ -32,3 +33,13 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def stop(proc: subprocess.Popen, *, timeout_s: float) -> None:  # type: ignore[type-arg]
+    """SIGTERM, then SIGKILL if `proc` has not exited within `timeout_s`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)
