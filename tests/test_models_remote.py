@@ -71,6 +71,13 @@ class Seen:
 Responder = Callable[[Seen], Reply]
 
 
+class _ThreadingServer(ThreadingHTTPServer):
+    daemon_threads = True
+    # The default listen backlog of 5 resets connections when 16 client threads connect at once
+    # (httpx's own transport sees the same resets from it).
+    request_queue_size = 128
+
+
 class LoopbackServer:
     """Stdlib HTTP server on 127.0.0.1:<free port>. Records every request; answers through
     `responder` up to `max_requests`, then 418, so a runaway retry loop ends and shows."""
@@ -80,8 +87,7 @@ class LoopbackServer:
         self._responder = responder
         self._max = max_requests
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._httpd.daemon_threads = True
+        self._httpd = _ThreadingServer(("127.0.0.1", 0), self._handler_class())
         # A short poll interval keeps shutdown (one per test) from costing half a second.
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
                                         daemon=True)
