@@ -10,15 +10,19 @@ import streamlit as st
 
 from app import views
 from ecdysis.evolve import EvolveConfig
+from ecdysis.models import registry
 from ecdysis.records import RunRecord
 from ecdysis.service import RunRequest
 from ecdysis.store import HarnessVersion
 
-LOCAL_MODELS = ["smollm2", "gemma3-270m"]
-MODEL_HELP = ("smollm2 is embedded (no key, no network); gemma3-270m is the second embedded model for "
-              "cross-model evidence; type openai:NAME or anthropic:NAME for a remote model (key from the environment)")
-ROLE_HELP = ("heuristic: deterministic, offline (failure taxonomy + repair operators). Or type a model name "
-             "(e.g. openai:gpt-4o-mini) to let an LLM play the roles")
+LOCAL_MODELS = list(registry.LOCAL_NAMES)
+MODEL_HELP = ("All four are embedded (no key, no network). The default pair: qwen2.5-coder-0.5b is the subject, "
+              "smollm2 the second model whose passes on the same instances tell a harness fault from a model quirk. "
+              "Type openai:NAME or anthropic:NAME for a remote model (key from the environment)")
+ROLE_HELP = ("heuristic: deterministic, offline (failure taxonomy + repair operators). qwen2.5-coder-1.5b plays "
+             "the roles offline (slow on 2 cores: minutes per cluster), or type a model name "
+             "(e.g. openai:gpt-4o-mini) to let another LLM play them")
+ROLE_CHOICES = ["heuristic", "qwen2.5-coder-1.5b"]
 
 
 def _suite_select(suites: Sequence[dict[str, Any]], key: str, container: Any) -> str:
@@ -30,9 +34,9 @@ def _suite_select(suites: Sequence[dict[str, Any]], key: str, container: Any) ->
         format_func=lambda n: f"{n} ({sizes[n]['size']} instances, {len(sizes[n]['categories'])} categories)")
 
 
-def _models(default_model: str, key: str, container: Any) -> list[str]:
-    options = list(dict.fromkeys([default_model, *LOCAL_MODELS]))
-    return container.multiselect("Model(s)", options, default=[default_model], key=key,
+def _models(default_models: Sequence[str], key: str, container: Any) -> list[str]:
+    options = list(dict.fromkeys([*default_models, *LOCAL_MODELS]))
+    return container.multiselect("Model(s)", options, default=list(default_models), key=key,
                                  accept_new_options=True, help=MODEL_HELP)
 
 
@@ -46,12 +50,12 @@ def _harness_select(harnesses: Sequence[HarnessVersion], key: str, container: An
 
 
 def batch_form(suites: Sequence[dict[str, Any]], harnesses: Sequence[HarnessVersion],
-               default_model: str) -> list[RunRequest] | None:
+               default_models: Sequence[str]) -> list[RunRequest] | None:
     """One request per chosen model (the same instances for each), or None until submitted."""
     with st.form("start-batch", border=True):
         c1, c2, c3 = st.columns([3, 3, 4])
         suite = _suite_select(suites, "batch:suite", c1)
-        models = _models(default_model, "batch:models", c2)
+        models = _models(default_models, "batch:models", c2)
         harness = _harness_select(harnesses, "batch:harness", c3)
         c4, c5, c6, c7 = st.columns([2, 2, 2, 3], vertical_alignment="bottom")
         split = c4.selectbox("Split", ["train", "validation", "test"], key="batch:split")
@@ -87,7 +91,7 @@ def diagnosis_form(runs: Sequence[RunRecord], preselected: Sequence[str] = ()) -
         chosen = st.multiselect("Runs in the batch", list(labels), default=default, key="diag:runs",
                                 format_func=lambda i: labels.get(i, i),
                                 help="one or several finished runs; their failures are clustered together")
-        backend = st.selectbox("Role backend", ["heuristic"], key="diag:backend", accept_new_options=True,
+        backend = st.selectbox("Role backend", ROLE_CHOICES, key="diag:backend", accept_new_options=True,
                                help=ROLE_HELP)
         submitted = st.form_submit_button("Cluster and diagnose", type="primary", icon=":material/hub:")
     if not submitted:
@@ -103,12 +107,12 @@ STRATEGY_CHOICES = {"ecdysis": "ecdysis (batch clusters)", "per-instance": "per-
 
 
 def evolution_form(suites: Sequence[dict[str, Any]], harnesses: Sequence[HarnessVersion],
-                   default_model: str) -> list[EvolveConfig] | None:
+                   default_models: Sequence[str]) -> list[EvolveConfig] | None:
     """One config per strategy ("both" gives two evolutions with identical settings)."""
     with st.form("start-evolution", border=True):
         c1, c2, c3 = st.columns([3, 3, 4])
         suite = _suite_select(suites, "evo:suite", c1)
-        models = _models(default_model, "evo:models", c2)
+        models = _models(default_models, "evo:models", c2)
         harness = _harness_select(harnesses, "evo:harness", c3)
         c4, c5 = st.columns(2)
         strategy = c4.radio("Strategy", list(STRATEGY_CHOICES), index=0, horizontal=True, key="evo:strategy",
@@ -122,7 +126,7 @@ def evolution_form(suites: Sequence[dict[str, Any]], harnesses: Sequence[Harness
         test = n4.number_input("Test", 0, 5000, 12, key="evo:test", help="sealed test instances (0 = the whole split)")
         calls = n5.number_input("Max model calls", 0, 10_000_000, 0, key="evo:calls", help="0 = no budget")
         r1, r2 = st.columns(2)
-        role = r1.selectbox("Role backend", ["heuristic"], key="evo:role", accept_new_options=True, help=ROLE_HELP)
+        role = r1.selectbox("Role backend", ROLE_CHOICES, key="evo:role", accept_new_options=True, help=ROLE_HELP)
         concurrency = r2.number_input("Concurrency", 1, 64, 1, key="evo:concurrency")
         submitted = st.form_submit_button("Start evolution", type="primary", icon=":material/rocket_launch:")
     if not submitted:

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from latency_server import LatencyServer  # noqa: E402
+from machine import cpu_counters, steal_pct  # noqa: E402
 
 CATEGORIES = ("addition", "subtraction", "multiplication", "comparison")
 
@@ -85,7 +86,7 @@ def measure(suite_path: Path, *, n: int, concurrency: int, latency_s: float, bas
         before = server.stats()
         requests_before, handling_before = before["requests"], before["handling_s"]
         cpu_before = _cpu()
-        machine_before = _machine()
+        machine_before = cpu_counters()
         started = time.perf_counter()
 
         def events(e: dict[str, Any]) -> None:
@@ -95,7 +96,7 @@ def measure(suite_path: Path, *, n: int, concurrency: int, latency_s: float, bas
         summary = svc.execute_run(run.id, use_cache=False, events=events)
         wall = time.perf_counter() - started
         engine_cpu = _cpu() - cpu_before
-        steal = _steal_share(machine_before, _machine())
+        steal = steal_pct(machine_before, cpu_counters())
         results = svc.results(run.id)
         stats = server.stats()
         store.close()
@@ -134,24 +135,6 @@ def measure(suite_path: Path, *, n: int, concurrency: int, latency_s: float, bas
 def _cpu() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     return own.ru_utime + own.ru_stime
-
-
-def _machine() -> list[int] | None:
-    """The aggregate `cpu` line of /proc/stat (jiffies: user nice system idle iowait irq softirq
-    steal ...), or None where there is none."""
-    try:
-        with open("/proc/stat") as fh:
-            return [int(x) for x in fh.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-
-
-def _steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
-    if not before or not after or len(before) < 8:
-        return None
-    delta = [b - a for a, b in zip(before, after)]
-    total = sum(delta[:8])
-    return round(100.0 * delta[7] / total, 1) if total else None
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:

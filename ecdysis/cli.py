@@ -71,7 +71,8 @@ def _summary_table(summary: dict[str, Any]) -> Table:
 @app.command()
 def run(
     suite: Optional[str] = typer.Option(None, help="suite name, bigbench:TASK, or a .jsonl / task.json path"),
-    model: Optional[str] = typer.Option(None, help="smollm2 | gemma3-270m | openai:NAME | anthropic:NAME"),
+    model: Optional[str] = typer.Option(None, help="qwen2.5-coder-0.5b (default) | smollm2 | qwen2.5-coder-1.5b | "
+                                                     "gemma3-270m | openai:NAME | anthropic:NAME"),
     harness: Optional[str] = typer.Option(None, help="harness version id, 'starter', a folder or a zip"),
     split: str = typer.Option("train", help="train | validation | test | all"),
     limit: Optional[int] = typer.Option(None, help="at most N instances (round-robin over categories)"),
@@ -196,7 +197,8 @@ def decide(proposal: str = typer.Argument(...),
 def evolve(
     suite: Optional[str] = typer.Option(None, help="suite to evolve on (train/validation/test splits); "
                                                     "not needed with --resume"),
-    model: list[str] = typer.Option(None, "--model", help="repeat for several models (cross-model evidence)"),
+    model: list[str] = typer.Option(None, "--model", help="repeat for several models (cross-model evidence); "
+                                                           "default: qwen2.5-coder-0.5b and smollm2"),
     strategy: str = typer.Option("ecdysis", help="ecdysis | per-instance"),
     iterations: int = typer.Option(3, min=1),
     batch_size: int = typer.Option(30, min=1, help="train instances per iteration"),
@@ -228,7 +230,7 @@ def evolve(
     else:
         if not suite:
             raise EcdysisError("--suite is required", hint="`ecdysis suites` lists them; or --resume EVOLUTION_ID")
-        cfg = EvolveConfig(suite=suite, models=list(model or [svc.settings.default_model]), strategy=strategy,
+        cfg = EvolveConfig(suite=suite, models=list(model or svc.settings.default_models), strategy=strategy,
                            iterations=iterations, batch_size=batch_size, val_limit=val_limit,
                            test_limit=test_limit, harness=harness, auto_approve=auto_approve, gate=gate,
                            gate_min_net=gate_min_net, role_backend=roles, max_rounds=max_rounds,

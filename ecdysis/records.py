@@ -72,28 +72,40 @@ class Suite:
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """Messages in; the cache key covers everything that can change the text out."""
+    """Messages in; the cache key covers everything that can change the text out. `json_schema`
+    (canonical JSON text, empty for free text) asks the backend for output of that shape with its
+    native structured-output feature; it enters the cache key only when set, so free-text keys
+    stay what they were."""
 
     messages: tuple[tuple[str, str], ...]
     temperature: float = 0.0
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int = 0
+    json_schema: str = ""
 
     @staticmethod
     def make(messages: list[dict[str, str]], *, temperature: float = 0.0, max_tokens: int = 256,
-             stop: list[str] | tuple[str, ...] | None = None, seed: int = 0) -> "CompletionRequest":
+             stop: list[str] | tuple[str, ...] | None = None, seed: int = 0,
+             json_schema: dict[str, Any] | None = None) -> "CompletionRequest":
         return CompletionRequest(
             messages=tuple((str(m["role"]), str(m["content"])) for m in messages),
             temperature=float(temperature), max_tokens=int(max_tokens),
-            stop=tuple(stop or ()), seed=int(seed))
+            stop=tuple(stop or ()), seed=int(seed),
+            json_schema=json.dumps(json_schema, sort_keys=True, ensure_ascii=False) if json_schema else "")
 
     def message_dicts(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages]
 
+    def schema(self) -> dict[str, Any] | None:
+        return json.loads(self.json_schema) if self.json_schema else None
+
     def to_json(self) -> dict[str, Any]:
-        return {"messages": self.message_dicts(), "temperature": self.temperature,
-                "max_tokens": self.max_tokens, "stop": list(self.stop), "seed": self.seed}
+        out: dict[str, Any] = {"messages": self.message_dicts(), "temperature": self.temperature,
+                               "max_tokens": self.max_tokens, "stop": list(self.stop), "seed": self.seed}
+        if self.json_schema:
+            out["json_schema"] = self.schema()
+        return out
 
     def cache_key(self, model_id: str) -> str:
         blob = json.dumps({"model": model_id, **self.to_json()}, sort_keys=True, ensure_ascii=False)

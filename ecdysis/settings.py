@@ -32,6 +32,12 @@ def _env_float(name: str, default: float) -> float:
         raise ConfigError(f"{name}={raw!r} is not a number", hint=f"unset {name} or give a number")
 
 
+def _env_names(name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    raw = os.environ.get(name)
+    names = tuple(dict.fromkeys(n.strip() for n in (raw or "").split(",") if n.strip()))
+    return names or default
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -41,6 +47,9 @@ class Settings:
     model_timeout_s: float
     max_retries: int
     default_model: str
+    # The two-model batch of the app and `evolve`: the subject first, then a second model whose
+    # passes and failures on the same instances are the cross-model evidence for attribution.
+    default_models: tuple[str, ...] = ("qwen2.5-coder-0.5b", "smollm2")
     openai_base_url: str | None = field(default=None, repr=False)
     openai_api_key: str | None = field(default=None, repr=False)
     anthropic_base_url: str | None = field(default=None, repr=False)
@@ -66,7 +75,8 @@ class Settings:
             instance_memory_mb=_env_int("ECDYSIS_INSTANCE_MEMORY_MB", 1024),
             model_timeout_s=_env_float("ECDYSIS_MODEL_TIMEOUT", 60.0),
             max_retries=_env_int("ECDYSIS_MAX_RETRIES", 4),
-            default_model=os.environ.get("ECDYSIS_MODEL", "smollm2"),
+            default_model=os.environ.get("ECDYSIS_MODEL") or "qwen2.5-coder-0.5b",
+            default_models=_env_names("ECDYSIS_MODELS", ("qwen2.5-coder-0.5b", "smollm2")),
             openai_base_url=os.environ.get("OPENAI_BASE_URL"),
             openai_api_key=os.environ.get("OPENAI_API_KEY"),
             anthropic_base_url=os.environ.get("ANTHROPIC_BASE_URL"),
@@ -88,6 +98,8 @@ class Settings:
             value = getattr(self, f.name)
             if f.name.endswith("api_key"):
                 value = "set" if value else "not set"
+            elif isinstance(value, tuple):
+                value = ",".join(value)
             elif f.name == "database_url" and "@" in str(value):
                 scheme, rest = str(value).split("://", 1)
                 value = f"{scheme}://***@{rest.split('@', 1)[1]}"

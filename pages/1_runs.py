@@ -15,7 +15,7 @@ st.caption("A batch runs one harness version on a suite's instances with each ch
 
 with shown_errors():
     with st.expander("Start a batch", expanded=not svc.runs(limit=1), icon=":material/play_arrow:"):
-        requests = forms.batch_form(svc.suites(), svc.harnesses(), svc.settings.default_model)
+        requests = forms.batch_form(svc.suites(), svc.harnesses(), svc.settings.default_models)
         if requests:
             with st.spinner("Checking the model and creating the run…"):
                 started = [svc.start_run_job(r) for r in requests]

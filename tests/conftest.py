@@ -16,7 +16,7 @@ def ecdysis_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "ecdysis-home"
     monkeypatch.setenv("ECDYSIS_HOME", str(home))
     for name in ("ECDYSIS_DATABASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY",
-                 "ANTHROPIC_BASE_URL", "ECDYSIS_MODEL"):
+                 "ANTHROPIC_BASE_URL", "ECDYSIS_MODEL", "ECDYSIS_MODELS"):
         monkeypatch.delenv(name, raising=False)
     yield home
     with registry._cache_lock:

@@ -25,7 +25,8 @@ _HINTS: dict[int, str] = {
     529: "Anthropic is overloaded; retry later",
 }
 
-_FINISH: dict[str, str] = {"max_tokens": "length", "end_turn": "stop", "stop_sequence": "stop"}
+_FINISH: dict[str, str] = {"max_tokens": "length", "end_turn": "stop", "stop_sequence": "stop",
+                          "tool_use": "stop"}
 
 
 class AnthropicBackend:
@@ -67,6 +68,12 @@ class AnthropicBackend:
             params["system"] = system
         if request.stop:
             params["stop_sequences"] = list(request.stop)
+        if request.json_schema:
+            # Anthropic's structured output is tool use: one tool whose input is the schema,
+            # and a forced call of it; `_completion` returns that input as the JSON text.
+            params["tools"] = [{"name": REPLY_TOOL, "description": "Give the reply in this shape.",
+                                "input_schema": request.schema()}]
+            params["tool_choice"] = {"type": "tool", "name": REPLY_TOOL}
         # `from None`: the SDK error holds the request headers and raw body, which may carry the key.
         try:
             return self._client.messages.create(**params)
@@ -98,6 +105,10 @@ class AnthropicBackend:
             raise self._bad_response("the response has no content list")
         texts = [b.text for b in blocks
                  if getattr(b, "type", None) == "text" and isinstance(getattr(b, "text", None), str)]
+        tool_inputs = [b.input for b in blocks if getattr(b, "type", None) == "tool_use"
+                       and getattr(b, "name", None) == REPLY_TOOL and isinstance(getattr(b, "input", None), dict)]
+        if tool_inputs:
+            texts = [json.dumps(tool_inputs[0], ensure_ascii=False)]
         if not texts:
             raise self._bad_response("the response has no text block")
         usage = getattr(response, "usage", None)
@@ -113,6 +124,9 @@ class AnthropicBackend:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._secret, "***") if self._secret else text
+
+
+REPLY_TOOL = "reply"
 
 
 def split_system(messages: tuple[tuple[str, str], ...]) -> tuple[str, list[dict[str, str]]]:

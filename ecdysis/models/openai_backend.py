@@ -72,6 +72,11 @@ class OpenAIBackend:
                                       max_tokens=request.max_tokens)
         if request.stop:
             params["stop"] = list(request.stop)
+        if request.json_schema:
+            # Structured Outputs; servers that support it (OpenAI, vLLM, llama.cpp's server)
+            # constrain decoding to the schema. Non-strict: our schemas have optional fields.
+            params["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "reply", "schema": request.schema(), "strict": False}}
         # `from None` everywhere: the SDK error holds the request (headers included) and the raw
         # body, which may echo the key; our message is redacted instead.
         try:

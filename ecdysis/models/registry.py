@@ -1,7 +1,8 @@
 """Model names -> backends. Adding a backend is one module and one entry in `_FACTORIES`.
 
-Names: `smollm2` (embedded default), `gemma3-270m` (embedded, optional extra), `openai:NAME`
-(any OpenAI-compatible server via OPENAI_BASE_URL), `anthropic:NAME`, `scripted:PATH` (tests)."""
+Names: the embedded `smollm2`, `gemma3-270m` (optional extra), `qwen2.5-coder-0.5b` and
+`qwen2.5-coder-1.5b` (assembled at set-up); `openai:NAME` (any OpenAI-compatible server via
+OPENAI_BASE_URL), `anthropic:NAME`, `scripted:PATH` (tests)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ _FACTORIES: dict[str, Callable[[str, Settings], ModelBackend]] = {
     "anthropic": _anthropic,
     "scripted": _scripted,
 }
-LOCAL_NAMES = ("smollm2", "gemma3-270m")
+LOCAL_NAMES = ("qwen2.5-coder-0.5b", "smollm2", "qwen2.5-coder-1.5b", "gemma3-270m")
 
 _cache: dict[str, ModelBackend] = {}
 _cache_lock = threading.Lock()
@@ -69,7 +70,7 @@ def create_backend(name: str, settings: Settings | None = None) -> ModelBackend:
     factory = _FACTORIES.get(prefix) if sep else None
     if factory is None:
         raise ConfigError(f"unknown model {name!r}",
-                          hint="use smollm2, gemma3-270m, openai:NAME, anthropic:NAME or scripted:PATH")
+                          hint=f"use {', '.join(LOCAL_NAMES)}, openai:NAME, anthropic:NAME or scripted:PATH")
     return factory(rest, settings)
 
 

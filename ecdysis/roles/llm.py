@@ -1,9 +1,12 @@
 """The LLM role backend: each role is a small class (prompt template, input rendering, output
 extraction and validation) run on any configured model through the cached `ModelGateway`.
 
-A reply is parsed tolerantly (the first JSON object anywhere in it), validated against the role's
-schema (and, for the Proposer, checked to turn into files); a bad reply gets one repair request,
-and if that fails too the heuristic backend answers for that role. The transcript records it all.
+Each request asks the backend for the role's JSON shape natively (`generation_schema`: a
+llama.cpp grammar for embedded models, `response_format` for OpenAI-compatible servers, a forced
+tool call for Anthropic). A reply is still parsed tolerantly (the first JSON object anywhere in
+it), validated against the role's full schema (and, for the Proposer, checked to turn into files);
+a bad reply gets one repair request, and if that fails too the heuristic backend answers for that
+role. The transcript records it all, each message labelled with the backend that produced it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,29 @@ def extract_json(text: str) -> Any | None:
             return value
         start = text.find("{", start + 1)
     return None
+
+
+_SHORT = {"type": "string", "minLength": 1, "maxLength": 600}
+
+
+def generation_schema(role: RoleName) -> dict[str, Any]:
+    """The shape a backend is asked to produce for `role`: the role's schema made fit for
+    constrained decoding (no bare `anyOf` of `required` lists, which grammar converters reject;
+    the Proposer's operator is an enum of the catalogue, "" for hand-written edits; strings are
+    bounded so a small model cannot ramble until max_tokens). Replies are still validated against
+    the full `SCHEMAS[role]`."""
+    if role != "proposer":
+        return SCHEMAS[role]
+    spec = {"type": "object", "required": ["target_files", "change", "root_cause", "expected_effect", "risk", "scope"],
+            "properties": {"target_files": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                           "change": _SHORT, "root_cause": _SHORT, "expected_effect": _SHORT, "risk": _SHORT,
+                           "scope": _SHORT}}
+    edit = {"type": "object", "required": ["path", "find", "replace"],
+            "properties": {"path": {"type": "string"}, "find": {"type": "string"}, "replace": {"type": "string"}}}
+    return {"type": "object", "required": ["operator", "spec", "replies"],
+            "properties": {"operator": {"enum": [*OPERATORS, ""]}, "spec": spec,
+                           "replies": {"type": "array", "items": _SHORT},
+                           "edits": {"type": "array", "items": edit}}}
 
 
 def _cluster_text(case: CaseFile) -> str:
@@ -138,9 +164,11 @@ class LLMRoleBackend:
     """Roles played by a model; see the module docstring. Never raises for a bad reply."""
 
     def __init__(self, backend: ModelBackend, *, store: Store | None = None, max_tokens: int = 1024,
-                 file_chars: int = FILE_CHARS, fallback: HeuristicRoleBackend | None = None) -> None:
+                 file_chars: int = FILE_CHARS, fallback: HeuristicRoleBackend | None = None,
+                 structured: bool = True) -> None:
         self.gateway = ModelGateway(backend, store)
         self.max_tokens = max_tokens
+        self.structured = structured
         self.file_chars = file_chars  # small local models read prompts slowly: keep them short there
         self.fallback = fallback or HeuristicRoleBackend()
         self.name = f"llm:{backend.model_id}"
@@ -152,7 +180,9 @@ class LLMRoleBackend:
         errors: list[str] = []
         for attempt in range(2):
             try:
-                reply = self.gateway.complete(CompletionRequest.make(messages, max_tokens=self.max_tokens))
+                schema = generation_schema(role) if self.structured else None
+                reply = self.gateway.complete(CompletionRequest.make(messages, max_tokens=self.max_tokens,
+                                                                     json_schema=schema))
             except ModelError as exc:
                 errors = [f"model call failed: {exc}"]
                 break
