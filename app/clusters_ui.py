@@ -32,7 +32,8 @@ def overview(report: Mapping[str, Any]) -> None:
     st.caption(f"runs {', '.join(report.get('run_ids', []))} · models {', '.join(report.get('models', []))} · "
                f"suites {', '.join(report.get('suites', []))} · "
                f"harness {views.short(report.get('harness_version'))} · "
-               f"roles: {role_backend_text(str(report.get('role_backend', '')))}")
+               f"roles: {role_backend_text(str(report.get('role_backend', '')))}"
+               + (f" · role outputs: {views.output_backends(report)}" if views.output_backends(report) else ""))
     for note in report.get("notes", []):
         st.info(ui.md(note), icon=":material/info:")
 

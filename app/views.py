@@ -121,6 +121,19 @@ def transcript(report: Mapping[str, Any], cluster_id: str) -> list[dict[str, Any
     return list(cluster.get("patch", {}).get("transcript", []))
 
 
+def output_backends(report: Mapping[str, Any]) -> str:
+    """Which backend actually produced the roles' outputs across the report ("12 from llm:qwen…,
+    3 from heuristic (fallback)"): an LLM role backend falls back per turn, and this says how often."""
+    counts: dict[str, int] = {}
+    messages = [m for p in report.get("proposals", []) for m in p.get("transcript", [])]
+    messages += [m for c in report.get("clusters", []) for m in (c.get("patch") or {}).get("transcript", [])]
+    for m in messages:
+        if m.get("kind") == "output":
+            name = str(m.get("backend", ""))
+            counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{n} from {name}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def by_round(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, list[Mapping[str, Any]]]]:
     rounds: dict[int, list[Mapping[str, Any]]] = {}
     for m in messages:

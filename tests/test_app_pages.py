@@ -132,7 +132,7 @@ def test_every_page_renders_its_empty_state(page: str) -> None:
     if page == "1_runs":
         assert "No runs yet — start one with the embedded model." in texts(at)
         assert by_label(at.selectbox, "Suite").value == "reasoning-mix"
-        assert by_label(at.multiselect, "Model(s)").value == ["smollm2"]
+        assert by_label(at.multiselect, "Model(s)").value == ["qwen2.5-coder-0.5b", "smollm2"]
     elif page == "6_harnesses":
         assert at.get("graphviz_chart"), "the lineage tree shows the starter version"
     else:

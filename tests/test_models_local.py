@@ -1,13 +1,20 @@
-"""The embedded backends really generate (no key, no network): SmolLM2 by default and Gemma 3
-270M from its optional extra; the same request gives the same text (the cache relies on it)."""
+"""The embedded backends really generate (no key, no network): SmolLM2, Gemma 3 270M from its
+optional extra, and the Qwen2.5-Coder 0.5B and 1.5B assembled at set-up; the same request gives
+the same text (the cache relies on it); JSON-schema requests come back in the schema's shape, and
+the fast grammar path writes exactly what llama-cpp-python's own grammar path writes."""
 
 from __future__ import annotations
 
 import pytest
 
+import json
+import re
+
 from ecdysis.models.llamacpp import LlamaCppBackend, gguf_path
-from ecdysis.models.registry import get_backend
+from ecdysis.models.registry import LOCAL_NAMES, get_backend
 from ecdysis.records import CompletionRequest
+from ecdysis.roles.base import schema_errors
+from ecdysis.roles.llm import generation_schema
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +23,7 @@ REQ = CompletionRequest.make([{"role": "system", "content": "You are a helpful a
                              max_tokens=24)
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3-270m"])
+@pytest.mark.parametrize("name", LOCAL_NAMES)
 def test_local_model_generates_deterministically(name: str) -> None:
     assert gguf_path(name).stat().st_size > 50_000_000
     backend = get_backend(name)
@@ -42,3 +49,58 @@ def test_backend_is_loaded_lazily() -> None:
     backend = LlamaCppBackend("smollm2")
     assert backend._llm is None
     backend.close()
+
+
+def test_qwen_0_5b_reasons_to_an_answer_smollm2_misses() -> None:
+    """The headroom the subject model brings: a two-step word problem, asked for its reasoning
+    and a final line, which SmolLM2 gets wrong and Qwen2.5-Coder 0.5B gets right."""
+    req = CompletionRequest.make([
+        {"role": "system", "content": "Think step by step, briefly. End with a line: Answer: <number>"},
+        {"role": "user", "content": "A shop sells pens at 3 dollars each. Tom buys 4 pens and pays with "
+                                    "a 20 dollar bill. How much change does he get, in dollars?"}], max_tokens=256)
+    final = {}
+    for name in ("qwen2.5-coder-0.5b", "smollm2"):
+        text = get_backend(name).complete(req).text
+        numbers = re.findall(r"\d+", text.rsplit("\n", 2)[-1] if "Answer:" not in text else text.rsplit("Answer:", 1)[1])
+        final[name] = numbers[-1] if numbers else text[-80:]
+    assert final["qwen2.5-coder-0.5b"] == "8", final
+    assert final["smollm2"] != "8", final
+
+
+ROLE_CASE = [{"role": "system", "content": "You diagnose failures of an LLM harness. Reply with JSON."},
+             {"role": "user", "content": "Cluster c1: 15 replies cut off at max_tokens=96 on 10 instances, "
+                                         "5 categories, both models. Which harness component is at fault?"}]
+
+
+@pytest.mark.parametrize("name, role", [("smollm2", "investigator"), ("qwen2.5-coder-0.5b", "proposer"),
+                                        ("qwen2.5-coder-1.5b", "attributor")])
+def test_json_schema_requests_come_back_in_the_roles_shape(name: str, role: str) -> None:
+    backend = get_backend(name)
+    out = backend.complete(CompletionRequest.make(ROLE_CASE, max_tokens=700, json_schema=generation_schema(role)))
+    value = json.loads(out.text)
+    assert out.finish_reason == "stop", out.text
+    if role == "proposer":  # the generation shape is stricter than the role's own schema
+        assert value["operator"] in ("", *generation_schema(role)["properties"]["operator"]["enum"])
+        value = {k: v for k, v in value.items() if k != "operator" or v}
+    assert schema_errors(role, value) == [], out.text
+
+
+@pytest.mark.parametrize("name", ["smollm2", "qwen2.5-coder-0.5b"])
+def test_the_fast_grammar_path_writes_what_llama_cpp_python_writes(name: str) -> None:
+    from llama_cpp import Llama
+
+    from ecdysis.models.grammar import fast_grammar_llama_class
+    fast = fast_grammar_llama_class()
+    texts = []
+    for cls in (Llama, fast):
+        llm = cls(model_path=str(gguf_path(name)), n_ctx=2048, n_threads=2, verbose=False, seed=0,
+                  use_extra_bufts=False)
+        try:
+            out = llm.create_chat_completion(messages=ROLE_CASE, max_tokens=120, temperature=0.0,
+                                             response_format={"type": "json_object",
+                                                              "schema": generation_schema("critic")})
+            texts.append(out["choices"][0]["message"]["content"])
+        finally:
+            llm.close()
+    assert texts[0] == texts[1]
+    assert texts[0].startswith("{")

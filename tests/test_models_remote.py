@@ -722,3 +722,89 @@ def test_threads_share_one_backend_over_the_loopback_transport(serve: Callable[.
         backend.close()
     assert answers == [f"question {i}"[::-1] for i in range(64)]  # every reply went to its own caller
     assert len(server.requests) == 64
+
+
+# --- 4. Structured output: each remote API's own way of asking for a JSON shape ----------------
+
+SHAPE = {"type": "object", "required": ["verdict", "reason"],
+         "properties": {"verdict": {"enum": ["harness-level", "model-specific", "noise"]},
+                        "reason": {"type": "string", "minLength": 1, "maxLength": 200}}}
+SHAPED = CompletionRequest.make([
+    {"role": "system", "content": "You attribute failures of an LLM harness. Reply with JSON."},
+    {"role": "user", "content": "15 failures on 10 instances in 5 categories, on both models. Verdict?"}],
+    max_tokens=120, json_schema=SHAPE)
+
+
+def test_openai_asks_for_structured_outputs_and_falls_back_to_json_mode_once_refused(
+        serve: Callable[..., LoopbackServer]) -> None:
+    refusal = Reply(422, {"detail": [{"loc": ["body", "response_format", "type"],
+                                      "msg": "Input should be 'text' or 'json_object'"}]})
+    answer = json.dumps({"verdict": "noise", "reason": "one category"})
+    server = serve(scripted(refusal, Reply(200, chat_body(answer)), Reply(200, chat_body(answer))))
+    backend = openai_on(server, api_key=None)
+    assert backend.complete(SHAPED).text == answer
+    assert backend.complete(SHAPED).text == answer
+    formats = [r.body["response_format"] for r in server.requests]
+    assert formats[0] == {"type": "json_schema", "json_schema": {"name": "reply", "schema": SHAPE, "strict": False}}
+    assert formats[1] == formats[2] == {"type": "json_object", "schema": SHAPE}  # remembered, no second refusal
+    free = serve(scripted(Reply(200, chat_body("ok"))))
+    openai_on(free, api_key=None).complete(QUESTION)
+    assert "response_format" not in free.requests[0].body
+
+
+@pytest.mark.slow
+def test_openai_structured_output_on_llama_cpp_server(llama_server: str) -> None:
+    backend = OpenAIBackend("smollm2", base_url=llama_server, api_key=None, timeout_s=120.0)
+    try:
+        out = backend.complete(SHAPED)
+    finally:
+        backend.close()
+    value = json.loads(out.text)
+    assert value["verdict"] in SHAPE["properties"]["verdict"]["enum"] and value["reason"].strip()
+    assert backend._schema_style == "json_object"  # llama-cpp-python's server refused json_schema
+
+
+def tool_use_api(answer: Callable[[dict[str, Any], list[tuple[str, str]], int], dict[str, Any]]) -> Responder:
+    """A Messages API that honours a forced tool call: the reply is a `tool_use` block whose input
+    `answer(input_schema, turns, max_tokens)` produces."""
+    plain = messages_api(canned)
+
+    def respond(seen: Seen) -> Reply:
+        body = seen.body if isinstance(seen.body, dict) else {}
+        choice = body.get("tool_choice") or {}
+        if choice.get("type") != "tool":
+            return plain(seen)
+        tool = next((t for t in body.get("tools", []) if t.get("name") == choice.get("name")), None)
+        if tool is None:
+            return _anthropic_error(400, "invalid_request_error", "tool_choice names no tool")
+        turns = [(m["role"], _text_of(m["content"])) for m in body["messages"]]
+        value = answer(tool["input_schema"], turns, int(body["max_tokens"]))
+        return Reply(200, {"id": "msg_tool", "type": "message", "role": "assistant", "model": body["model"],
+                           "content": [{"type": "tool_use", "id": "toolu_1", "name": tool["name"], "input": value}],
+                           "stop_reason": "tool_use", "stop_sequence": None,
+                           "usage": {"input_tokens": 40, "output_tokens": 12}})
+    return respond
+
+
+def test_anthropic_structured_output_is_a_forced_tool_call(serve: Callable[..., LoopbackServer]) -> None:
+    server = serve(tool_use_api(lambda schema, turns, max_tokens: {"verdict": "noise", "reason": "one model"}))
+    out = anthropic_on(server).complete(SHAPED)
+    assert json.loads(out.text) == {"verdict": "noise", "reason": "one model"}
+    assert out.finish_reason == "stop"
+    body = server.requests[0].body
+    assert body["tools"][0]["input_schema"] == SHAPE
+    assert body["tool_choice"] == {"type": "tool", "name": body["tools"][0]["name"]}
+    anthropic_on(server).complete(QUESTION)
+    assert "tools" not in server.requests[1].body
+
+
+@pytest.mark.slow
+def test_anthropic_tool_call_backed_by_smollm2_under_the_schema(
+        serve: Callable[..., LoopbackServer], smollm2: LlamaCppBackend) -> None:
+    def answer(schema: dict[str, Any], turns: list[tuple[str, str]], max_tokens: int) -> dict[str, Any]:
+        out = smollm2.complete(CompletionRequest.make([{"role": r, "content": c} for r, c in turns],
+                                                      max_tokens=max_tokens, json_schema=schema))
+        return json.loads(out.text)
+    out = anthropic_on(serve(tool_use_api(answer))).complete(SHAPED)
+    value = json.loads(out.text)
+    assert value["verdict"] in SHAPE["properties"]["verdict"]["enum"] and value["reason"].strip()

@@ -49,6 +49,7 @@ class OpenAIBackend:
         http_client = httpx.Client(transport=LoopbackTransport(), timeout=timeout_s, follow_redirects=True) \
             if is_loopback_url(effective) else None
         self.transport = "loopback" if http_client is not None else "httpx"
+        self._schema_style = "json_schema"  # or "json_object" once a server refused it
         self._client = openai.OpenAI(api_key=api_key or PLACEHOLDER_KEY, base_url=base_url,
                                      timeout=timeout_s, max_retries=0, http_client=http_client)
         self.base_url = str(self._client.base_url)
@@ -73,10 +74,7 @@ class OpenAIBackend:
         if request.stop:
             params["stop"] = list(request.stop)
         if request.json_schema:
-            # Structured Outputs; servers that support it (OpenAI, vLLM, llama.cpp's server)
-            # constrain decoding to the schema. Non-strict: our schemas have optional fields.
-            params["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "reply", "schema": request.schema(), "strict": False}}
+            params["response_format"] = self._response_format(request.schema())
         # `from None` everywhere: the SDK error holds the request (headers included) and the raw
         # body, which may echo the key; our message is redacted instead.
         try:
@@ -86,6 +84,12 @@ class OpenAIBackend:
             # whole CPU per instance (bench/runner_load.py).
             return self._client.post("/chat/completions", body=params, cast_to=ChatCompletion)
         except openai.APIStatusError as exc:
+            if "response_format" in params and self._schema_style == "json_schema" \
+                    and exc.status_code in (400, 422) and "response_format" in f"{exc.message} {exc.body}":
+                # A server that knows only the older JSON mode with a schema (llama-cpp-python's
+                # own server): use that from now on, and ask again once.
+                self._schema_style = "json_object"
+                return self._call(request)
             raise self._status_error(exc) from None
         except openai.APITimeoutError:
             raise ModelError(f"{self.model_id}: no answer from {self.base_url} within the timeout",
@@ -98,6 +102,14 @@ class OpenAIBackend:
         except (openai.APIResponseValidationError, json.JSONDecodeError) as exc:
             # JSONDecodeError: a 200 whose body claims to be JSON but is not.
             raise self._bad_response(f"unreadable response body ({type(exc).__name__})") from None
+
+    def _response_format(self, schema: dict[str, Any] | None) -> dict[str, Any]:
+        """Structured Outputs as OpenAI defines it (also vLLM and llama.cpp's C++ server), non-strict
+        since our schemas have optional fields; or, for a server that refused that, JSON mode with
+        the schema beside it, which llama-cpp-python's server turns into a grammar."""
+        if self._schema_style == "json_schema":
+            return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": False}}
+        return {"type": "json_object", "schema": schema}
 
     def _status_error(self, exc: openai.APIStatusError) -> ModelError:
         status = exc.status_code

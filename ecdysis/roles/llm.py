@@ -43,27 +43,41 @@ def extract_json(text: str) -> Any | None:
     return None
 
 
-_SHORT = {"type": "string", "minLength": 1, "maxLength": 600}
+MAX_CHARS = 600  # per free-text field in constrained decoding
+MAX_ITEMS = 8    # per list
+
+
+def _bounded(schema: Any) -> Any:
+    """`schema` with every string and array bounded, so a small model under a grammar cannot
+    ramble until max_tokens and leave an unfinished object."""
+    if isinstance(schema, list):
+        return [_bounded(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _bounded(v) for k, v in schema.items()}
+    types = out.get("type")
+    types = types if isinstance(types, list) else [types]
+    if "string" in types and "enum" not in out:
+        out.setdefault("maxLength", MAX_CHARS)
+    if "array" in types:
+        out.setdefault("maxItems", MAX_ITEMS)
+    return out
 
 
 def generation_schema(role: RoleName) -> dict[str, Any]:
     """The shape a backend is asked to produce for `role`: the role's schema made fit for
     constrained decoding (no bare `anyOf` of `required` lists, which grammar converters reject;
-    the Proposer's operator is an enum of the catalogue, "" for hand-written edits; strings are
-    bounded so a small model cannot ramble until max_tokens). Replies are still validated against
-    the full `SCHEMAS[role]`."""
+    the Proposer's operator is an enum of the catalogue, "" for hand-written edits; strings and
+    lists bounded). Replies are still validated against the full `SCHEMAS[role]`."""
     if role != "proposer":
-        return SCHEMAS[role]
-    spec = {"type": "object", "required": ["target_files", "change", "root_cause", "expected_effect", "risk", "scope"],
-            "properties": {"target_files": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                           "change": _SHORT, "root_cause": _SHORT, "expected_effect": _SHORT, "risk": _SHORT,
-                           "scope": _SHORT}}
-    edit = {"type": "object", "required": ["path", "find", "replace"],
-            "properties": {"path": {"type": "string"}, "find": {"type": "string"}, "replace": {"type": "string"}}}
-    return {"type": "object", "required": ["operator", "spec", "replies"],
-            "properties": {"operator": {"enum": [*OPERATORS, ""]}, "spec": spec,
-                           "replies": {"type": "array", "items": _SHORT},
-                           "edits": {"type": "array", "items": edit}}}
+        return _bounded(SCHEMAS[role])
+    spec = {key: value for key, value in SCHEMAS["proposer"]["properties"]["spec"].items()}
+    spec["properties"] = {k: v for k, v in spec["properties"].items() if k != "exemplars"}
+    edit = SCHEMAS["proposer"]["properties"]["edits"]["items"]
+    return _bounded({"type": "object", "required": ["operator", "spec", "replies"],
+                     "properties": {"operator": {"enum": [*OPERATORS, ""]}, "spec": spec,
+                                    "replies": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                                    "edits": {"type": "array", "items": edit}}})
 
 
 def _cluster_text(case: CaseFile) -> str:
