@@ -89,7 +89,8 @@ def raw_replay(model: str, requests: list[dict[str, Any]], threads: int) -> dict
 
     from ecdysis.models.llamacpp import LOCAL_MODELS, gguf_path
     start = time.perf_counter()
-    kwargs: dict[str, Any] = dict(model_path=str(gguf_path(model)), n_ctx=4096, n_threads=threads,
+    n_ctx = int(LOCAL_MODELS[model].get("n_ctx", 4096))  # what the engine's backend uses
+    kwargs: dict[str, Any] = dict(model_path=str(gguf_path(model)), n_ctx=n_ctx, n_threads=threads,
                                   verbose=False, seed=0, use_extra_bufts=False)
     if LOCAL_MODELS[model].get("chat_format"):
         kwargs["chat_format"] = LOCAL_MODELS[model]["chat_format"]

@@ -92,8 +92,9 @@ def markdown(result: Mapping[str, Any]) -> str:
         def pct(n: int) -> str:
             return f"{n} ({100 * n / r['turns']:.0f} %)" if r["turns"] else "-"
         lines.append(f"| {role} | {r['turns']} | {pct(r['first_try'])} | {pct(r['repaired'])} | {pct(r['fallback'])} |")
+    rate = t["hard_check_pass_rate"]
     lines += ["", f"Proposals: {t['proposals']}; passed every hard check of the Critic: {t['passed_hard_checks']}"
-                  f" ({'-' if t['hard_check_pass_rate'] is None else f'{100 * t['hard_check_pass_rate']:.0f} %'}).",
+                  f" ({'-' if rate is None else f'{100 * rate:.0f} %'}).",
               f"{result['meta']['wall_s']:.0f} s in all; load {result['meta']['load_before']} → "
               f"{result['meta']['load_after']}, CPU stolen {result['meta']['steal_pct']} %; {result['meta']['date']}."]
     return "\n".join(lines) + "\n"

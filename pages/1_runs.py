@@ -29,7 +29,7 @@ with shown_errors():
     runs = svc.runs()
     if not runs:
         ui.empty_state("No runs yet — start one with the embedded model.",
-                       "Keep suite reasoning-mix, model smollm2 and a batch of 12 (about a minute), "
+                       "Keep suite reasoning-mix, the two embedded models and a batch of 12 (about a minute), "
                        "then press Start batch.")
     else:
         st.subheader("Finished and running batches")

@@ -62,7 +62,9 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: fl
 @pytest.fixture
 def app_url(tmp_path: Path, ecdysis_home: Path) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ, "ECDYSIS_HOME": str(ecdysis_home),
+    # The walk checks the app's flow on the fastest embedded model; the default pair (Qwen 0.5B +
+    # SmolLM2) is what the page offers (test_app_pages) and runs end to end in test_cli.
+    env = {**os.environ, "ECDYSIS_HOME": str(ecdysis_home), "ECDYSIS_MODELS": "smollm2",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     env.pop("ECDYSIS_APP_PASSWORD", None)
     log = tmp_path / "streamlit.log"

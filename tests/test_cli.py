@@ -64,3 +64,20 @@ def test_run_json_on_smollm2_then_cached_rerun() -> None:
     assert b["run_id"] != a["run_id"]
     text = ecdysis("runs")
     assert a["run_id"] in text.stdout
+
+
+@pytest.mark.slow
+def test_run_and_evolve_default_to_qwen_with_smollm2_as_second_model() -> None:
+    """What a new user gets with no --model: the subject with headroom for `run`, and the two-model
+    batch (cross-model evidence) for `evolve`, on the real embedded models."""
+    run = ecdysis("run", "--suite", "reasoning-mix", "--limit", "2", "--json")
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["model"] == "qwen2.5-coder-0.5b" and summary["completion_tokens"] > 0
+    evo = ecdysis("evolve", "--suite", "reasoning-mix", "--iterations", "1", "--batch-size", "3", "--val-limit", "3",
+                  "--test-limit", "3", "--auto-approve", "--json", timeout=1500)
+    assert evo.returncode == 0, evo.stderr
+    result = json.loads(evo.stdout)
+    assert result["models"] == ["qwen2.5-coder-0.5b", "smollm2"]
+    assert result["status"] == "done" and len(result["iterations"]) == 1
+    assert result["test_accuracy"] is not None and result["base_test_accuracy"] is not None

@@ -32,8 +32,10 @@ LOCAL_MODELS: dict[str, dict[str, str]] = {
                     "title": "Gemma 3 270M base (Q4_K_M)"},
     # The chunked models' GGUFs carry Qwen's own chat template, which llama-cpp-python applies
     # when no chat_format is given.
+    # The role model reads a cluster, the harness files and the role's schema: 8,192 tokens of
+    # context (the KV cache is about 230 MB at that size).
     "qwen2.5-coder-0.5b": {"chunked": "1", "title": "Qwen2.5-Coder-0.5B-Instruct (Q4)"},
-    "qwen2.5-coder-1.5b": {"chunked": "1", "title": "Qwen2.5-Coder-1.5B-Instruct (Q4)"},
+    "qwen2.5-coder-1.5b": {"chunked": "1", "title": "Qwen2.5-Coder-1.5B-Instruct (Q4)", "n_ctx": "8192"},
 }
 
 
@@ -85,10 +87,10 @@ class LlamaCppBackend:
     max_concurrency = 1
     deterministic = True
 
-    def __init__(self, name: str = "smollm2", *, n_ctx: int = 4096, n_threads: int | None = None) -> None:
+    def __init__(self, name: str = "smollm2", *, n_ctx: int | None = None, n_threads: int | None = None) -> None:
         self.model_id = name
         self._path = gguf_path(name)
-        self._n_ctx = n_ctx
+        self._n_ctx = n_ctx or int(LOCAL_MODELS[name].get("n_ctx", 4096))
         self._n_threads = n_threads or min(4, os.cpu_count() or 2)
         self._llm: Any = None
         self._lock = threading.Lock()

@@ -18,12 +18,21 @@ def make_role_backend(spec: str | RoleBackend | ModelBackend, *, store: Store | 
                       backend_factory: Callable[[str], ModelBackend] | None = None) -> RoleBackend:
     """`"heuristic"`, a model name (any name the model registry knows), a model backend (played
     by the LLM role backend), or a ready role backend."""
-    from ecdysis.roles.llm import LLMRoleBackend
     if isinstance(spec, str):
         if spec in ("", "heuristic"):
             return HeuristicRoleBackend()
         from ecdysis.models.registry import get_backend
-        return LLMRoleBackend((backend_factory or get_backend)(spec), store=store)
+        return _llm_roles((backend_factory or get_backend)(spec), store)
     if hasattr(spec, "complete"):  # a model backend: the LLM role backend plays the roles on it
-        return LLMRoleBackend(cast(ModelBackend, spec), store=store)
+        return _llm_roles(cast(ModelBackend, spec), store)
     return cast(RoleBackend, spec)
+
+
+def _llm_roles(backend: ModelBackend, store: Store | None) -> RoleBackend:
+    from ecdysis.models.registry import LOCAL_NAMES
+    from ecdysis.roles.llm import LLMRoleBackend
+    if backend.model_id in LOCAL_NAMES:
+        # An embedded model reads the prompt at a few hundred tokens a second on 2 cores: show it
+        # less of each harness file, and let it write less.
+        return LLMRoleBackend(backend, store=store, file_chars=3000, max_tokens=768)
+    return LLMRoleBackend(backend, store=store)
