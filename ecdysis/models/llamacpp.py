@@ -32,9 +32,9 @@ LOCAL_MODELS: dict[str, dict[str, str]] = {
                     "title": "Gemma 3 270M base (Q4_K_M)"},
     # The chunked models' GGUFs carry Qwen's own chat template, which llama-cpp-python applies
     # when no chat_format is given.
+    "qwen2.5-coder-0.5b": {"chunked": "1", "title": "Qwen2.5-Coder-0.5B-Instruct (Q4)"},
     # The role model reads a cluster, the harness files and the role's schema: 8,192 tokens of
     # context (the KV cache is about 230 MB at that size).
-    "qwen2.5-coder-0.5b": {"chunked": "1", "title": "Qwen2.5-Coder-0.5B-Instruct (Q4)"},
     "qwen2.5-coder-1.5b": {"chunked": "1", "title": "Qwen2.5-Coder-1.5B-Instruct (Q4)", "n_ctx": "8192"},
 }
 
@@ -156,12 +156,12 @@ class LlamaCppBackend:
                 self._llm = None
 
 
-# Every llama.cpp call of this process runs on one thread. llama.cpp's CPU threads form a team per
-# calling thread (OpenMP), and an idle team keeps spinning for a while: calls that came from the
-# app's two job slots, or from a new runner thread per instance, had two teams spinning against
-# each other on 2 cores, and each call took twice as long (measured: 12 alternating calls 19.0 s
-# against 8.8 s from one thread). Admission serialises generation anyway, so one thread costs no
-# parallelism.
+# Every llama.cpp call of this process runs on one thread. llama.cpp's CPU threads form an OpenMP
+# team per calling thread, and an idle team keeps spinning for a while: calls that came from the
+# app's two job slots had two teams spinning against each other on 2 cores, and each call took
+# twice as long (12 alternating calls: 19.0 s from two threads, 8.8 s from one). On 2 cores
+# admission allows one generation at a time anyway; on a machine with several slots, one process
+# generates one call at a time while other processes use the other slots.
 _generation_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecd-llama")
 
 
