@@ -95,8 +95,10 @@ def markdown(result: Mapping[str, Any]) -> str:
     rate = t["hard_check_pass_rate"]
     lines += ["", f"Proposals: {t['proposals']}; passed every hard check of the Critic: {t['passed_hard_checks']}"
                   f" ({'-' if rate is None else f'{100 * rate:.0f} %'}).",
-              f"{result['meta']['wall_s']:.0f} s in all; load {result['meta']['load_before']} → "
-              f"{result['meta']['load_after']}, CPU stolen {result['meta']['steal_pct']} %; {result['meta']['date']}."]
+              f"{result['meta']['wall_s']:.0f} s of runs and diagnoses in all"
+              + ("" if result["meta"]["load_before"] is None else
+                 f"; load {result['meta']['load_before']} → {result['meta']['load_after']}, "
+                 f"CPU stolen {result['meta']['steal_pct']} %") + f"; {result['meta']['date']}."]
     return "\n".join(lines) + "\n"
 
 
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-clusters", type=int, default=10)
     parser.add_argument("--max-rounds", type=int, default=2)
     parser.add_argument("--home", type=Path, help="data folder (default: a temporary one)")
+    parser.add_argument("--tally-only", action="store_true",
+                        help="run nothing: count the diagnoses already stored in --home by these roles")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     home = args.home or Path(tempfile.mkdtemp(prefix="ecdysis-roles-"))
@@ -123,7 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     reports: list[dict[str, Any]] = []
     used: list[str] = []
     started, load_before, cpu_before = time.perf_counter(), load_average(), cpu_counters()
-    for suite in args.suite or DEFAULT_SUITES:
+    if args.tally_only:
+        for record in reversed(svc.diagnoses(limit=1000)):
+            report = DiagnosisReport.from_json(record.report).to_json()
+            if report["role_backend"] == f"llm:{args.roles}":
+                reports.append(report)
+                used += [s for s in report["suites"] if s not in used]
+        runs = [svc.get_run(r) for rep in reports for r in rep["run_ids"]]
+        models = sorted({r.model for r in runs}) or models
+        wall = sum(r.summary.get("wall_seconds", 0) for r in runs) + sum(rep["stats"].get("total_seconds", 0)
+                                                                           for rep in reports)
+    for suite in [] if args.tally_only else (args.suite or DEFAULT_SUITES):
         runs = [svc.run(RunRequest(suite=suite, model=m, limit=args.limit)).run_id for m in models]
         record = svc.diagnose(runs, role_backend=args.roles, max_rounds=args.max_rounds)
         report = DiagnosisReport.from_json(record.report).to_json()
@@ -134,10 +148,14 @@ def main(argv: list[str] | None = None) -> int:
               f"roles; {so_far['clusters']} so far ({time.perf_counter() - started:.0f} s)", flush=True)
         if so_far["clusters"] >= args.min_clusters:
             break
+    if args.tally_only:  # the machine's state now says nothing about when the work ran
+        load_before = cpu_before = None  # type: ignore[assignment]
     result = {"roles": args.roles, "models": models, "suites": used, "limit": args.limit,
               "max_rounds": args.max_rounds, "diagnoses": [r["id"] for r in reports], "tally": tally(reports),
-              "meta": {"wall_s": round(time.perf_counter() - started, 1), "load_before": load_before,
-                       "load_after": load_average(), "steal_pct": steal_pct(cpu_before, cpu_counters()),
+              "meta": {"wall_s": round(wall if args.tally_only else time.perf_counter() - started, 1),
+                       "load_before": load_before,
+                       "load_after": None if args.tally_only else load_average(),
+                       "steal_pct": steal_pct(cpu_before, cpu_counters()),
                        "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
     svc.store.close()
     args.out.mkdir(parents=True, exist_ok=True)
