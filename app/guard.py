@@ -12,6 +12,7 @@ from typing import Iterator
 
 import streamlit as st
 
+from app.text import md
 from ecdysis.errors import EcdysisError
 
 PASSWORD_ENV = "ECDYSIS_APP_PASSWORD"
@@ -36,10 +37,10 @@ def shown_errors() -> Iterator[None]:
     try:
         yield
     except EcdysisError as exc:
-        st.error(error_text(exc), icon=":material/error:")
+        st.error(md(error_text(exc)), icon=":material/error:")
     except Exception as exc:  # a bug must still be one readable line, not a stack trace
         _log.exception("page error")
-        st.error(error_text(exc), icon=":material/error:")
+        st.error(md(error_text(exc)), icon=":material/error:")
 
 
 def password_matches(given: str, expected: str) -> bool:
