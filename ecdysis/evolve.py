@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ecdysis import diagnosis
 from ecdysis.diffs import FileDiff, apply_diffs
-from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, InputError
+from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, InputError
 from ecdysis.gate import POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, decide
 from ecdysis.harness import harness_id, new_version
 from ecdysis.records import Instance, RunRecord
@@ -305,15 +305,18 @@ class Evolver:
         for proposal in pending:
             earlier = self.store.list_decisions(proposal.id)
             if earlier:
-                # Decided, but the process died before the status was set (`decide` writes the
-                # decision, then the status): finish that write instead of deciding twice.
+                # Decided, but the status not set: a database written by a version whose `decide`
+                # made two writes and died between them. Finish that write instead of deciding twice.
                 self.store.set_proposal_status(proposal.id, DECIDED_STATUS[earlier[-1].decision])
                 continue
-            if cfg.auto_approve:
-                decide(self.store, proposal.id, "approve", who="auto-approve", reason="--auto-approve")
-            elif self.reviewer is not None:
-                decision, reason, files = self.reviewer(proposal)
-                decide(self.store, proposal.id, decision, who="terminal", reason=reason, files=files)  # type: ignore[arg-type]
+            try:
+                if cfg.auto_approve:
+                    decide(self.store, proposal.id, "approve", who="auto-approve", reason="--auto-approve")
+                elif self.reviewer is not None:
+                    decision, reason, files = self.reviewer(proposal)
+                    decide(self.store, proposal.id, decision, who="terminal", reason=reason, files=files)  # type: ignore[arg-type]
+            except Conflict:
+                continue  # a reviewer elsewhere (the app, the CLI) decided it meanwhile: that decision stands
         while True:
             waiting = [i for i in proposal_ids if (p := self.store.get_proposal(i)) and p.status == "pending"]
             if not waiting:

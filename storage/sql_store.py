@@ -25,7 +25,7 @@ from sqlalchemy.orm import Mapped
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, SQLModel, col
 
-from ecdysis.errors import ConfigError, EcdysisError, NotFound
+from ecdysis.errors import ConfigError, Conflict, EcdysisError, NotFound
 from ecdysis.records import (Completion, ErrorType, Instance, InstanceResult, ModelCall, RunRecord,
                              RunStatus, ScorerSpec, Split, Suite)
 from ecdysis.store import (DecisionKind, DecisionRecord, DiagnosisRecord, EvolutionRecord, HarnessVersion,
@@ -201,6 +201,12 @@ class SQLStore:
         with self.writing() as session:
             upsert_proposal(session=session, proposal=proposal)
 
+    def save_report(self, diagnosis: DiagnosisRecord, proposals: list[ProposalRecord]) -> None:
+        with self.writing() as session:
+            upsert_diagnosis(session=session, diagnosis=diagnosis)
+            for proposal in proposals:
+                upsert_proposal(session=session, proposal=proposal)
+
     def get_proposal(self, proposal_id: str) -> ProposalRecord | None:
         with self.reading() as session:
             return read_proposal(session=session, proposal_id=proposal_id)
@@ -218,6 +224,10 @@ class SQLStore:
         with self.writing() as session:
             return insert_decision(session=session, decision=decision)
 
+    def decide_proposal(self, decision: DecisionRecord, status: str) -> DecisionRecord:
+        with self.writing() as session:
+            return record_decision(session=session, decision=decision, status=status)
+
     def list_decisions(self, proposal_id: str | None = None) -> list[DecisionRecord]:
         with self.reading() as session:
             return read_decisions(session=session, proposal_id=proposal_id)
@@ -234,6 +244,7 @@ class SQLStore:
     def list_evolutions(self, limit: int = 50) -> list[EvolutionRecord]:
         with self.reading() as session:
             return read_evolutions(session=session, limit=limit)
+
 
 
 # ---- data functions: suites
@@ -475,6 +486,25 @@ def insert_decision(*, session: Session, decision: DecisionRecord) -> DecisionRe
     session.add(row)
     session.flush()  # assigns the id
     return row_to_decision(row)
+
+
+def record_decision(*, session: Session, decision: DecisionRecord, status: str) -> DecisionRecord:
+    """Move the proposal from pending to `status` and append `decision`, or change nothing and
+    raise Conflict when it is no longer pending. The conditional UPDATE is what two deciders race
+    on: SQLite's write lock and PostgreSQL's row lock let exactly one of them match the row."""
+    table = table_of(ProposalRow)
+    changed = session.execute(table.update()
+                              .where(table.c.id == decision.proposal_id, table.c.status == "pending")
+                              .values(status=status))
+    if cast(CursorResult[Any], changed).rowcount == 0:
+        current = session.scalar(select(col(ProposalRow.status)).where(col(ProposalRow.id) == decision.proposal_id))
+        if current is None:
+            raise NotFound(f"no proposal {decision.proposal_id!r}", hint="`ecdysis proposals` lists them")
+        last = read_decisions(session=session, proposal_id=decision.proposal_id)
+        by = f" by {last[-1].who}" if last else ""
+        raise Conflict(f"proposal {decision.proposal_id} was already decided ({current}{by}); nothing was recorded",
+                       hint=f"`ecdysis proposals --status {current}` shows it")
+    return insert_decision(session=session, decision=decision)
 
 
 def read_decisions(*, session: Session, proposal_id: str | None = None) -> list[DecisionRecord]:

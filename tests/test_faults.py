@@ -380,9 +380,8 @@ def _resume(db: Path, evolution_id: str) -> None:
 CRASH_POINTS = [
     ("create_run", 1),          # a run exists that no cursor names yet
     ("save_results", 3),        # mid-batch
-    ("save_diagnosis", 1),      # a diagnosis without its proposals
-    ("save_proposal", 1),       # a diagnosis with some of its proposals
-    ("save_decision", 1),       # a decision whose proposal still reads "pending"
+    ("save_report", 1),         # a diagnosis with its proposals, the cursor still in "diagnose"
+    ("decide_proposal", 1),     # a decision recorded, the cursor still in "gate"
     ("put_harness", 2),         # the composed candidate, before its proposals read "applied"
     ("set_proposal_status", 2), # proposals "applied", the cursor still in "apply"
     ("update_harness", 1),      # the gate's verdict on the candidate, before the iteration row
