@@ -18,6 +18,7 @@ from ecdysis.diffs import FileDiff, apply_diffs
 from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, InputError
 from ecdysis.gate import POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, decide
 from ecdysis.harness import harness_id, new_version
+from ecdysis.leases import Held, evolution_key
 from ecdysis.records import Instance, RunRecord
 from ecdysis.runner import CallBudget, EventSink, Runner, pick_instances
 from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, HarnessVersion, ProposalRecord
@@ -105,6 +106,16 @@ class Evolver:
         """Run (or resume) an evolution until its iterations are done, a budget is spent, it is
         cancelled, or it waits for human decisions without a reviewer."""
         evo = self._load(evolution_id)
+        # Refused here, before anything is saved, while another process executes it.
+        with Held(self.store, evolution_key(evo.id), ttl_s=self.svc.settings.lease_ttl_s, role="evolve") as held:
+            outer = self.cancelled
+            self.cancelled = lambda: outer() or held.lost
+            try:
+                return self._run(evo, overrides)
+            finally:
+                self.cancelled = outer
+
+    def _run(self, evo: EvolutionRecord, overrides: dict[str, Any] | None) -> EvolutionRecord:
         if overrides:
             evo.config.update({k: v for k, v in overrides.items() if v is not None})
         cfg = EvolveConfig(**evo.config)

@@ -32,6 +32,15 @@ def _env_float(name: str, default: float) -> float:
         raise ConfigError(f"{name}={raw!r} is not a number", hint=f"unset {name} or give a number")
 
 
+def _env_positive(name: str, default: float) -> float:
+    value = _env_float(name, default)
+    if not value > 0 or value == float("inf"):
+        from ecdysis.errors import ConfigError
+        raise ConfigError(f"{name}={os.environ.get(name)!r} must be a positive number of seconds",
+                          hint=f"unset {name} (default {default:g}) or give a number above 0")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -53,6 +62,7 @@ class Settings:
     executor: str = "local"
     ray_address: str | None = None
     ray_workers: int = 0
+    lease_ttl_s: float = 60.0   # a lease not renewed for this long is free (ecdysis.leases)
 
     @staticmethod
     def from_env() -> "Settings":
@@ -79,6 +89,7 @@ class Settings:
             executor=os.environ.get("ECDYSIS_EXECUTOR") or "local",
             ray_address=os.environ.get("ECDYSIS_RAY_ADDRESS") or None,
             ray_workers=max(0, _env_int("ECDYSIS_RAY_WORKERS", 0)),
+            lease_ttl_s=_env_positive("ECDYSIS_LEASE_TTL", 60.0),
         )
 
     def public(self) -> dict[str, str]:

@@ -103,6 +103,21 @@ class EvolutionRecord:
     updated_at: float = 0.0
 
 
+@dataclass
+class Lease:
+    """Who executes a run, evolution or diagnosis (`key`) right now, until `expires_at` unless the
+    holder renews it (`ecdysis.leases`)."""
+
+    key: str
+    owner: str
+    acquired_at: float = 0.0
+    heartbeat_at: float = 0.0
+    expires_at: float = 0.0
+
+    def live(self, now: float) -> bool:
+        return self.expires_at > now
+
+
 class Store(Protocol):
     """Contract for every storage backend.
 
@@ -116,6 +131,9 @@ class Store(Protocol):
     - `decide_proposal` moves a pending proposal to its decided status and appends the decision
       in one transaction; if the proposal is no longer pending it changes nothing and raises
       `Conflict`, so two reviewers deciding at once get one decision stored, not two.
+    - `acquire_lease` takes `key` for `owner` when it is free, expired or already the owner's,
+      in one statement, else raises `Conflict` naming the holder; `renew_lease` extends it and
+      says False when the owner lost it; `release_lease` gives it up.
     """
 
     # suites imported by users (built-in suites are generated, not stored)
@@ -169,3 +187,9 @@ class Store(Protocol):
     def save_evolution(self, evolution: EvolutionRecord) -> None: ...
     def get_evolution(self, evolution_id: str) -> EvolutionRecord | None: ...
     def list_evolutions(self, limit: int = 50) -> list[EvolutionRecord]: ...
+
+    # leases: one executor per run, evolution and diagnosis
+    def acquire_lease(self, key: str, owner: str, ttl_s: float) -> Lease: ...
+    def renew_lease(self, key: str, owner: str, ttl_s: float) -> bool: ...
+    def release_lease(self, key: str, owner: str) -> None: ...
+    def list_leases(self) -> list[Lease]: ...

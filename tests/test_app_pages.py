@@ -468,3 +468,23 @@ def test_error_text_is_one_line_without_traceback() -> None:
     assert error_text(InputError("bad zip", path="x.zip")) == "x.zip: bad zip"
     line = error_text(RuntimeError("boom\nTraceback (most recent call last): ..."))
     assert line.startswith("Unexpected RuntimeError: boom") and "Traceback" not in line
+
+
+def test_a_run_executed_elsewhere_says_so_and_offers_no_resume(world: World, svc: Service) -> None:
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3))
+    svc.store.acquire_lease(f"run:{run.id}", "pid 4242 on build-7 (run) #c0ffee", 60.0)
+    at = open_page("1_runs")
+    assert f"{run.id} is running elsewhere (held by pid 4242 on build-7 (run) #c0ffee)" in texts(at)
+    assert not [b for b in at.button if b.key == f"resume:{run.id}"]
+    with pytest.raises(Exception, match="running elsewhere"):
+        svc.start_resume_job(run.id)  # a stale page's button is refused the same way
+
+
+def test_an_evolution_executed_elsewhere_says_so_and_offers_no_resume(svc: Service) -> None:
+    evo = _evolution("ecdysis", [5.0], [10], 0.5)
+    evo.status = "running"
+    svc.store.save_evolution(evo)
+    svc.store.acquire_lease(f"evolution:{evo.id}", "pid 4242 on build-7 (evolve) #c0ffee", 60.0)
+    at = open_page("5_evolution")
+    assert "running elsewhere (held by pid 4242 on build-7 (evolve) #c0ffee)" in texts(at)
+    assert not [b for b in at.button if b.key == f"resume:{evo.id}"]
