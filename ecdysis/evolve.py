@@ -20,7 +20,7 @@ from ecdysis.gate import POLICIES, AcceptancePolicy, GateVerdict, PairKey, appro
 from ecdysis.harness import harness_id, new_version
 from ecdysis.leases import Held, evolution_key
 from ecdysis.records import Instance, RunRecord
-from ecdysis.runner import CallBudget, EventSink, Runner, pick_instances
+from ecdysis.runner import CallBudget, EventSink, Runner, check_limit, pick_instances
 from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, HarnessVersion, ProposalRecord
 
 STRATEGIES = ("ecdysis", "per-instance")
@@ -64,6 +64,8 @@ class EvolveConfig:
             raise ConfigError("--iterations and --batch-size must be at least 1")
         if self.gate not in POLICIES:
             raise ConfigError(f"unknown gate {self.gate!r}", hint=f"use one of {', '.join(POLICIES)}")
+        check_limit("--val-limit", self.val_limit)
+        check_limit("--test-limit", self.test_limit)
 
     def policy(self) -> AcceptancePolicy:
         if self.gate == "paired-sign":

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from ecdysis import diagnosis
 from ecdysis import evolve as _evolve  # noqa: F401 - imported here, not lazily in job threads
 from ecdysis import harness as harness_mod
-from ecdysis.errors import Conflict, NotFound
+from ecdysis.errors import Conflict, InputError, NotFound
 from ecdysis.leases import Held, diagnosis_key, evolution_key, run_key
 from ecdysis.models.base import ModelBackend
 from ecdysis.models.registry import get_backend
 from ecdysis.records import InstanceResult, RunRecord, RunSummary, Suite
-from ecdysis.runner import CallBudget, EventSink, Runner
+from ecdysis.runner import CallBudget, EventSink, Runner, check_limit
 from ecdysis.sandbox import SandboxLimits
 from ecdysis.settings import Settings
 from ecdysis.store import HarnessVersion, Store
@@ -257,6 +257,7 @@ class Service(ReviewAPI):
                              memory_mb=self.settings.instance_memory_mb)
 
     def create_run(self, req: RunRequest) -> RunRecord:
+        check_limit("--limit", req.limit)
         suite = self.suite(req.suite)
         self.backend(req.model)  # fail fast on an unknown model or a missing key
         version = self.harness(req.harness)

@@ -41,6 +41,7 @@ def _env_positive(name: str, default: float) -> float:
     return value
 
 
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -72,9 +73,9 @@ class Settings:
         return Settings(
             home=home,
             database_url=db,
-            instance_timeout_s=_env_float("ECDYSIS_INSTANCE_TIMEOUT", 120.0),
+            instance_timeout_s=_env_positive("ECDYSIS_INSTANCE_TIMEOUT", 120.0),
             instance_memory_mb=_env_int("ECDYSIS_INSTANCE_MEMORY_MB", 1024),
-            model_timeout_s=_env_float("ECDYSIS_MODEL_TIMEOUT", 60.0),
+            model_timeout_s=_env_positive("ECDYSIS_MODEL_TIMEOUT", 60.0),
             max_retries=_env_int("ECDYSIS_MAX_RETRIES", 4),
             default_model=os.environ.get("ECDYSIS_MODEL", "smollm2"),
             openai_base_url=os.environ.get("OPENAI_BASE_URL"),
