@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ecdysis.errors import EcdysisError
 from ecdysis.service import RunRequest, Service
-from ecdysis.settings import Settings
+from ecdysis.settings import Settings, redact_credentials
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Evolve the runtime harness of LLM agents from batches of failures.")
@@ -274,6 +274,22 @@ def evolve(
         out.print(f"[yellow]{result['stopped']}[/yellow] — `ecdysis evolve --resume {result['evolution_id']}`")
 
 
+@app.command()
+def evolutions(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List stored evolutions, newest first (resume one with `ecdysis evolve --resume ID`)."""
+    rows = [{"evolution_id": e.id, "strategy": e.strategy, "suite": e.suite, "models": e.models, "status": e.status,
+             "iterations": len(e.iterations), "current_version": e.current_version,
+             "stopped": e.result.get("stopped")} for e in _service().evolutions()]
+    if as_json:
+        _emit_json(rows)
+        return
+    table = Table("evolution_id", "strategy", "suite", "models", "status", "iterations", "current_version")
+    for r in rows:
+        table.add_row(r["evolution_id"], r["strategy"], escape(r["suite"]), escape(", ".join(r["models"])),
+                      r["status"], str(r["iterations"]), r["current_version"])
+    out.print(table if rows else "no evolutions yet: try `ecdysis evolve --suite boolean --auto-approve`")
+
+
 def _evolve_printer() -> Callable[[dict[str, Any]], None]:
     def sink(event: dict[str, Any]) -> None:
         if event["type"] == "iteration_done":
@@ -348,8 +364,9 @@ def main() -> None:
     try:
         app()
     except EcdysisError as exc:
-        err.print(f"[red]error:[/red] {exc.message}" + (f" — {exc.hint}" if exc.hint else ""),
-                  highlight=False, soft_wrap=True)
+        # The message may quote a server's body or a file: no Rich markup from it, no credentials.
+        line = redact_credentials(exc.message + (f" — {exc.hint}" if exc.hint else ""))
+        err.print(f"[red]error:[/red] {escape(' '.join(line.split()))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted; resume with `ecdysis run --resume RUN_ID`")

@@ -129,6 +129,7 @@ class Evolver:
         # Every save writes what was spent so far, so a killed process does not reset the budget.
         self._spent_before, self._budget = spent, budget
         evo.status = "running"
+        evo.result.pop("stopped", None)  # why an earlier attempt stopped is history once this one runs
         self._save(evo)
         try:
             while evo.result["cursor"]["phase"] != "finished":

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, JobRecord, ProposalRecord
 
 
+PROPOSAL_STATUSES = ("pending", "approved", "edited", "rejected", "applied", "superseded")
+
+
 @dataclass
 class RunRequest:
     suite: str
@@ -121,6 +124,8 @@ class ReviewAPI:
         return rec
 
     def proposals(self, *, diagnosis_id: str | None = None, status: str | None = None) -> list["ProposalRecord"]:
+        if status is not None and status not in PROPOSAL_STATUSES:
+            raise InputError(f"unknown proposal status {status!r}", hint=f"one of {', '.join(PROPOSAL_STATUSES)}")
         return self.store.list_proposals(diagnosis_id=diagnosis_id, status=status)
 
     def get_proposal(self, proposal_id: str) -> "ProposalRecord":

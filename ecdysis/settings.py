@@ -6,6 +6,7 @@ exported, and the harness sandbox gets a scrubbed environment."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -40,6 +41,15 @@ def _env_positive(name: str, default: float) -> float:
                           hint=f"unset {name} (default {default:g}) or give a number above 0")
     return value
 
+
+# "scheme://user:password@host" -> "scheme://***@host": credentials in a URL never reach a screen,
+# a log line or a stored error.
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s'\"<>]+@")
+
+
+def redact_credentials(text: str) -> str:
+    """`text` with the user and password of every URL in it replaced by ***."""
+    return _URL_CREDENTIALS.sub(r"\1***@", text) if "@" in text else text
 
 
 @dataclass(frozen=True)
@@ -100,9 +110,8 @@ class Settings:
             value = getattr(self, f.name)
             if f.name.endswith("api_key"):
                 value = "set" if value else "not set"
-            elif f.name == "database_url" and "@" in str(value):
-                scheme, rest = str(value).split("://", 1)
-                value = f"{scheme}://***@{rest.split('@', 1)[1]}"
+            elif isinstance(value, str):
+                value = redact_credentials(value)
             out[f.name] = "" if value is None else str(value)
         return out
 

@@ -28,6 +28,7 @@ from sqlmodel import Session, SQLModel, col
 from ecdysis.errors import ConfigError, Conflict, EcdysisError, NotFound
 from ecdysis.records import (Completion, ErrorType, Instance, InstanceResult, ModelCall, RunRecord,
                              RunStatus, ScorerSpec, Split, Suite)
+from ecdysis.settings import redact_credentials
 from ecdysis.store import (DecisionKind, DecisionRecord, DiagnosisRecord, EvolutionRecord, HarnessVersion,
                            JobRecord, JobStatus, Lease, ProposalRecord)
 from storage.db import read_only
@@ -776,8 +777,9 @@ def row_to_evolution(row: EvolutionRow) -> EvolutionRecord:
 
 def _storable(value: str | None) -> str | None:
     """Text safe for every backend: PostgreSQL text cannot hold NUL, which harness output may
-    contain; it becomes U+FFFD everywhere so SQLite and PostgreSQL return the same string."""
-    return value.replace("\x00", "\ufffd") if value else value
+    contain; it becomes U+FFFD everywhere so SQLite and PostgreSQL return the same string. The
+    credentials of a URL (a base URL in a connection error) are never stored."""
+    return redact_credentials(value.replace("\x00", "\ufffd")) if value else value
 
 
 def _insert(session: Session, model: type[SQLModel]) -> SqliteInsert | PgInsert:

@@ -1,5 +1,6 @@
 """Bad inputs are refused with one clear line and store nothing, as a careless or hostile user
-would type them (real CLI subprocesses on a data folder in tmp)."""
+would type them (real CLI subprocesses on a data folder in tmp); the small probes of issue 12
+(credentials in URLs, a stale "budget ran out", a hint naming a missing command) are here too."""
 
 from __future__ import annotations
 
@@ -200,3 +201,53 @@ def test_a_corrupt_database_file_is_one_line(ecdysis_home: Path) -> None:
     ecdysis_home.mkdir(parents=True, exist_ok=True)
     (ecdysis_home / "ecdysis.db").write_bytes(b"this is not a database" * 400)
     one_line_error(ecdysis(ecdysis_home, "runs"), "file is not a database")
+
+
+def test_proposals_with_an_unknown_status_is_refused(ecdysis_home: Path) -> None:
+    one_line_error(ecdysis(ecdysis_home, "proposals", "--status", "weird"), "unknown proposal status 'weird'")
+
+
+def test_credentials_in_a_base_url_are_never_shown_or_stored(ecdysis_home: Path) -> None:
+    url = "http://user:S3cretPASS@127.0.0.1:9/v1"
+    shown = ecdysis(ecdysis_home, "settings", OPENAI_BASE_URL=url)
+    assert shown.returncode == 0 and "openai_base_url = http://***@127.0.0.1:9/v1" in shown.stdout
+    assert "S3cretPASS" not in shown.stdout + shown.stderr
+    run = ecdysis(ecdysis_home, "run", "--suite", "boolean", "--limit", "2", "--model", "openai:stub", "--json",
+                  OPENAI_BASE_URL=url, OPENAI_API_KEY="k", ECDYSIS_MAX_RETRIES="0", ECDYSIS_MODEL_TIMEOUT="5")
+    assert "S3cretPASS" not in run.stdout + run.stderr
+    con = sqlite3.connect(ecdysis_home / "ecdysis.db")
+    try:
+        dump = "\n".join(con.iterdump())
+    finally:
+        con.close()
+    assert "127.0.0.1:9" in dump or "model_error" in dump, "the failed calls are on record"
+    assert "S3cretPASS" not in dump
+
+
+def test_the_not_found_hint_names_a_command_that_exists(ecdysis_home: Path) -> None:
+    missing = ecdysis(ecdysis_home, "evolve", "--resume", "e000000")
+    one_line_error(missing, "`ecdysis evolutions` lists them")
+    listed = ecdysis(ecdysis_home, "evolutions", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
+
+
+def test_a_resume_that_finishes_after_a_budget_stop_no_longer_says_a_budget_ran_out(ecdysis_home: Path) -> None:
+    from ecdysis.evolve import EvolveConfig, Evolver, summary
+    from ecdysis.models.registry import register_backend
+    from ecdysis.models.scripted import ScriptedBackend
+    from ecdysis.service import Service
+    from storage import open_store
+    register_backend(ScriptedBackend(model_id="unsure", default="I am not sure."))
+    svc = Service(open_store())
+    try:
+        evolver = Evolver(svc, poll_s=0)
+        evo = evolver.create(EvolveConfig(suite="boolean", models=["unsure"], iterations=1, batch_size=4, val_limit=4,
+                                          test_limit=2, auto_approve=True, max_model_calls=2))
+        stopped = evolver.run(evo.id)
+        assert stopped.status == "stopped" and "budget" in str(stopped.result.get("stopped"))
+        done: Any = Evolver(svc, poll_s=0).run(evo.id, overrides={"max_model_calls": 10_000})
+        assert done.status == "done"
+        assert summary(done)["stopped"] is None
+        assert svc.get_evolution(evo.id).result.get("stopped") is None
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
