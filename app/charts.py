@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import plotly.graph_objects as go
 
+from app.text import chart
 from app.views import MapPoint, StrategyStats, clusters, cluster_title
 
 VERDICT_COLORS: dict[str, str] = {"harness-level": "#c53948", "model-specific": "#e0a030", "noise": "#9a968c"}
@@ -31,12 +32,12 @@ def cluster_sizes(report: Mapping[str, Any], height: int = 320) -> go.Figure:
         if not mine:
             continue
         fig.add_bar(
-            y=[cluster_title(c, 42) for c in mine], x=[c["size"] for c in mine], orientation="h",
+            y=[chart(cluster_title(c, 42)) for c in mine], x=[c["size"] for c in mine], orientation="h",
             name=verdict, marker_color=color, customdata=[[c["id"], c["systematicity"], len(c["instances"])]
                                                          for c in mine],
             hovertemplate="%{y}<br>%{x} failures on %{customdata[2]} instances"
                           "<br>systematicity %{customdata[1]:.2f}<extra>" + verdict + "</extra>")
-    order = [cluster_title(c, 42) for c in rows]
+    order = [chart(cluster_title(c, 42)) for c in rows]
     fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order)), automargin=True)
     fig.update_xaxes(title_text="failures")
     return _layout(fig, height=max(height, 60 + 28 * len(rows)), title="Cluster sizes by verdict",
@@ -49,7 +50,7 @@ def category_heatmap(report: Mapping[str, Any], height: int = 320) -> go.Figure:
     cats = sorted({cat for c in rows for cat in c.get("categories", {})})
     z = [[c.get("categories", {}).get(cat, 0) for cat in cats] for c in rows]
     text = [[str(v) if v else "" for v in row] for row in z]
-    fig = go.Figure(go.Heatmap(z=z, x=cats, y=[c["id"] for c in rows], colorscale="Reds", text=text,
+    fig = go.Figure(go.Heatmap(z=z, x=[chart(cat) for cat in cats], y=[c["id"] for c in rows], colorscale="Reds", text=text,
                                texttemplate="%{text}", hovertemplate="%{y} · %{x}: %{z} failures<extra></extra>",
                                showscale=False, xgap=2, ygap=2))
     fig.update_yaxes(autorange="reversed", type="category")
@@ -74,9 +75,9 @@ def model_comparison(report: Mapping[str, Any], height: int = 320) -> go.Figure:
             else:
                 rates.append(0.0)
                 texts.append(str(c.get("models", {}).get(model, 0)))
-        fig.add_bar(x=[c["id"] for c in rows], y=rates, name=model, text=texts, textposition="outside",
+        fig.add_bar(x=[c["id"] for c in rows], y=rates, name=chart(model), text=texts, textposition="outside",
                     marker_color=PALETTE[i % len(PALETTE)],
-                    hovertemplate="%{x} · " + model + ": %{text} instances<extra></extra>")
+                    hovertemplate="%{x} · " + chart(model) + ": %{text} instances<extra></extra>")
     fig.update_yaxes(title_text="share of instances", tickformat=".0%", range=[0, 1.15])
     fig.update_xaxes(type="category")
     return _layout(fig, height=height, title="Cluster × model", barmode="group")
@@ -91,7 +92,7 @@ def failure_map_figure(points: Sequence[MapPoint], height: int = 320) -> go.Figu
         fig.add_scatter(x=[p.x for p in mine], y=[p.y for p in mine], mode="markers", name=cid,
                         marker={"size": 9, "color": PALETTE[i % len(PALETTE)], "opacity": 0.8,
                                 "line": {"width": 0.5, "color": "white"}},
-                        customdata=[[p.instance, p.model, p.category, p.excerpt[:120]] for p in mine],
+                        customdata=[[chart(p.instance), chart(p.model), chart(p.category), chart(p.excerpt[:120])] for p in mine],
                         hovertemplate="%{customdata[0]} · %{customdata[1]} · %{customdata[2]}"
                                       "<br>%{customdata[3]}<extra>" + cid + "</extra>")
     fig.update_xaxes(showticklabels=False, title_text="evidence · component 1", zeroline=False)

@@ -29,11 +29,12 @@ def overview(report: Mapping[str, Any]) -> None:
     cols[2].metric("clusters", len(views.clusters(report)))
     cols[3].metric("harness-level", stats.get("harness_level", 0))
     cols[4].metric("proposals", len(report.get("proposals", [])))
-    st.caption(f"runs {', '.join(report.get('run_ids', []))} · models {', '.join(report.get('models', []))} · "
-               f"suites {', '.join(report.get('suites', []))} · "
-               f"harness {views.short(report.get('harness_version'))} · "
-               f"roles: {role_backend_text(str(report.get('role_backend', '')))}"
-               + (f" · role outputs: {views.output_backends(report)}" if views.output_backends(report) else ""))
+    backends = views.output_backends(report)
+    st.caption(ui.md(f"runs {', '.join(report.get('run_ids', []))} · models {', '.join(report.get('models', []))} · "
+                     f"suites {', '.join(report.get('suites', []))} · "
+                     f"harness {views.short(report.get('harness_version'))} · "
+                     f"roles: {role_backend_text(str(report.get('role_backend', '')))}"
+                     + (f" · role outputs: {backends}" if backends else "")))
     for note in report.get("notes", []):
         st.info(ui.md(note), icon=":material/info:")
 
@@ -100,7 +101,7 @@ def drilldown(svc: Service, report: Mapping[str, Any]) -> None:
         st.caption(f"failure type: {ui.md(row['failure'])} — {ui.md(row['evidence'])}")
         result = ui.find_result(svc, run_id, instance_id)
         if result is None:
-            st.warning(f"The result of {instance_id} in run {run_id} is no longer stored.")
+            st.warning(f"The result of {ui.md(instance_id)} in run {ui.md(run_id)} is no longer stored.")
         else:
             ui.trajectory(result)
 

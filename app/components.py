@@ -4,7 +4,6 @@ run and result tables, a trajectory viewer, cluster cards, the role chat, spec c
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import streamlit as st
@@ -12,6 +11,7 @@ import streamlit as st
 from app import diffview, views
 from app.guard import error_text, shown_errors
 from app.state import remember, remembered
+from app.text import code, md
 from ecdysis.diffs import FileDiff
 from ecdysis.records import InstanceResult, RunRecord
 from ecdysis.service import Service
@@ -26,17 +26,6 @@ STATUS_BADGE = {"pending": "blue", "approved": "green", "edited": "green", "appl
                 "rejected": "red", "superseded": "gray"}
 ROLE_AVATAR = {"investigator": ":material/search:", "attributor": ":material/balance:",
                "proposer": ":material/edit_note:", "critic": ":material/gavel:", "engine": ":material/rule:"}
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]{}<>#|~$])")
-
-
-def md(text: Any) -> str:
-    """Text shown through st.markdown literally (model output is full of `_`, `*` and `#`)."""
-    return _MD_SPECIAL.sub(r"\\\1", str(text))
-
-
-def code(text: Any) -> str:
-    """Inline code for st.markdown (no escaping inside backticks; a stray backtick is replaced)."""
-    return "`" + str(text).replace("`", "'") + "`"
 
 
 def page_link(name: str, label: str, icon: str | None = None) -> None:
@@ -75,7 +64,7 @@ def pick(label: str, options: Sequence[str], labels: Mapping[str, str], *, key: 
 
 def _job_line(svc: Service, job: JobRecord, key: str) -> None:
     left, right = st.columns([6, 1], vertical_alignment="center")
-    left.progress(views.job_fraction(job), text=views.job_text(job))
+    left.progress(views.job_fraction(job), text=md(views.job_text(job)))
     if job.status in views.ACTIVE_JOB and not job.cancel_requested:
         if right.button("Stop", key=f"{key}:stop:{job.id}", icon=":material/stop_circle:",
                         help="Stops cooperatively: the current instance finishes, the rest can be resumed"):
@@ -91,7 +80,7 @@ def _live_jobs(svc: Service, kinds: tuple[str, ...], key: str,
     try:
         jobs = [j for j in svc.recent_jobs(limit=40) if j.kind in kinds]
     except Exception as exc:  # the store briefly unavailable must not kill the poller
-        st.warning(error_text(exc))
+        st.warning(md(error_text(exc)))
         return
     watched: set[str] = st.session_state.setdefault(f"_watch:{key}", set())
     for job in views.active_jobs(jobs, kinds):
@@ -114,7 +103,7 @@ def _ended_notes(svc: Service, key: str) -> None:
             job = svc.job(job_id)
             what = {"run": "Batch", "diagnose": "Diagnosis", "evolve": "Evolution"}.get(job.kind, job.kind)
             if job.status == "failed":
-                st.error(f"{what} {job.id} failed: {job.error}", icon=":material/error:")
+                st.error(f"{what} {job.id} failed: {md(job.error)}", icon=":material/error:")
             elif job.status == "cancelled":
                 st.warning(f"{what} {job.id} was stopped; it can be resumed.", icon=":material/stop_circle:")
             else:
@@ -171,21 +160,21 @@ _ROLE_NAMES = {"system": ":material/settings:", "user": "user", "assistant": "as
 def _message(role: str, content: str) -> None:
     avatar = _ROLE_NAMES.get(role, ":material/chat:")
     with st.chat_message(role if role in ("user", "assistant") else "system", avatar=avatar):
-        st.caption(role)
+        st.caption(md(role))
         st.text(content)
 
 
 def trajectory(result: InstanceResult) -> None:
     """Everything the harness did on one instance: every prompt it sent and every response."""
     outcome = "correct" if result.correct else (result.error_type or "wrong answer")
-    st.markdown(f"**{md(result.instance_id)}** · {md(result.model)} · {md(result.category)} · **{outcome}**")
+    st.markdown(f"**{md(result.instance_id)}** · {md(result.model)} · {md(result.category)} · **{md(outcome)}**")
     a, t, c = st.columns(3)
     a.markdown(f"answer  \n{code(_clip(result.answer, 240)) if result.answer is not None else '—'}")
     t.markdown(f"target  \n{code(result.target)}")
     c.markdown(f"cost  \n{len(result.calls)} call(s), {result.prompt_tokens}+{result.completion_tokens} tokens, "
                f"{result.wall_seconds:.2f} s")
     if result.error_type:
-        st.error(f"{result.error_type}: {result.error_message or ''}", icon=":material/bug_report:")
+        st.error(f"{md(result.error_type)}: {md(result.error_message or '')}", icon=":material/bug_report:")
     if result.stdout_tail:
         with st.expander("harness output (stdout tail)"):
             st.code(result.stdout_tail, language=None)
@@ -195,13 +184,13 @@ def trajectory(result: InstanceResult) -> None:
         with st.container(border=True):
             cache = " · cache hit" if call.cache_hit else ""
             tokens = f"{call.prompt_tokens}+{call.completion_tokens} tokens"
-            st.caption(f"call {call.seq + 1} · {call.model} · {tokens} · "
-                       f"{call.latency_s:.2f} s · finish: {call.finish_reason}{cache}")
+            st.caption(f"call {call.seq + 1} · {md(call.model)} · {tokens} · "
+                       f"{call.latency_s:.2f} s · finish: {md(call.finish_reason)}{cache}")
             for m in call.request.get("messages", []):
                 _message(str(m.get("role", "user")), str(m.get("content", "")))
             _message("assistant", call.text)
             if call.error:
-                st.error(call.error, icon=":material/error:")
+                st.error(md(call.error), icon=":material/error:")
 
 
 def run_metrics(run: RunRecord) -> None:
@@ -272,7 +261,7 @@ def cluster_card(c: Mapping[str, Any]) -> None:
             f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in parts.items()))
         if c.get("evidence"):
             st.markdown("\n".join(f"- {md(e)}" for e in c["evidence"]))
-        st.caption(f"patch: {views.patch_status(c)}")
+        st.caption(f"patch: {md(views.patch_status(c))}")
 
 
 def _checks(checks: Iterable[Mapping[str, Any]]) -> None:
@@ -286,8 +275,7 @@ def _role_message(m: Mapping[str, Any]) -> None:
     who = "Engine checks" if kind == "check" else role.title()
     avatar = ROLE_AVATAR["engine"] if kind == "check" else ROLE_AVATAR.get(role, ":material/person:")
     with st.chat_message(who, avatar=avatar):
-        st.markdown(f"**{who}** <span style='color:#8a857c'>· {md(kind)} · {md(m.get('backend', ''))}</span>",
-                    unsafe_allow_html=True)
+        st.markdown(f"**{md(who)}** :gray[· {md(kind)} · {md(m.get('backend', ''))}]")
         if kind == "check":
             _checks((m.get("data") or {}).get("checks", []))
         elif kind in ("prompt", "reply", "repair"):
@@ -322,7 +310,7 @@ def spec_card(spec: Mapping[str, Any]) -> None:
     st.markdown(f"**Scope**  \n{md(spec.get('scope', ''))}")
     st.warning(f"**Risk** — {md(spec.get('risk', ''))}", icon=":material/warning:")
     if spec.get("exemplars"):
-        st.caption("few-shot exemplars quoted: " + ", ".join(spec["exemplars"]))
+        st.caption("few-shot exemplars quoted: " + md(", ".join(map(str, spec["exemplars"]))))
 
 
 def checks_list(checks: Iterable[Mapping[str, Any]]) -> None:

@@ -65,9 +65,15 @@ def _body(svc: Service, evo: EvolutionRecord) -> None:
         st.caption("The first iteration is running: train batch, then diagnosis, gate and validation.")
 
 
+def holder_elsewhere(svc: Service, evo: EvolutionRecord) -> str | None:
+    """Who executes this evolution when no job of this app does (a CLI process, another app)."""
+    working, _ = worker_state(svc, evo)
+    return None if working else svc.running_elsewhere().get(f"evolution:{evo.id}")
+
+
 def is_live(svc: Service, evo: EvolutionRecord) -> bool:
     working, _ = worker_state(svc, evo)
-    return evo.status in LIVE and working
+    return evo.status in LIVE and (working or holder_elsewhere(svc, evo) is not None)
 
 
 @st.fragment(run_every=ui.POLL_SECONDS)
@@ -75,6 +81,9 @@ def _live(svc: Service, evolution_id: str) -> None:
     """Re-read the evolution from the store every few seconds; rerun the page once it settles."""
     evo = svc.get_evolution(evolution_id)
     _body(svc, evo)
+    holder = holder_elsewhere(svc, evo)
+    if holder is not None:
+        st.info(f"This evolution is running elsewhere (held by {ui.md(holder)}).", icon=":material/sync:")
     if not is_live(svc, evo):
         st.rerun(scope="app")
 
@@ -84,6 +93,11 @@ def watch(svc: Service, evo: EvolutionRecord) -> None:
         _live(svc, evo.id)
         return
     _body(svc, evo)
+    holder = holder_elsewhere(svc, evo)
+    if holder is not None:
+        st.info(f"This evolution is running elsewhere (held by {ui.md(holder)}); it can be resumed here once "
+                f"that process stops and its lease lapses.", icon=":material/sync:")
+        return
     _, error = worker_state(svc, evo)
     if error and evo.status in LIVE:
         st.error(f"The evolution's background job failed: {ui.md(error)}", icon=":material/error:")

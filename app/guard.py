@@ -12,7 +12,9 @@ from typing import Iterator
 
 import streamlit as st
 
+from app.text import md
 from ecdysis.errors import EcdysisError
+from ecdysis.settings import redact_credentials
 
 PASSWORD_ENV = "ECDYSIS_APP_PASSWORD"
 _AUTH_KEY = "_ecdysis_authenticated"
@@ -23,8 +25,8 @@ def error_text(exc: BaseException) -> str:
     """One line for the page: an engine error's own message (with its hint), or the type and first
     line of an unexpected one; the traceback goes to the server log only."""
     if isinstance(exc, EcdysisError):
-        return str(exc)
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return redact_credentials(str(exc))
+    first = redact_credentials((str(exc).strip().splitlines() or [""])[0][:300])
     return f"Unexpected {type(exc).__name__}{': ' + first if first else ''} (details are in the server log)"
 
 
@@ -36,10 +38,10 @@ def shown_errors() -> Iterator[None]:
     try:
         yield
     except EcdysisError as exc:
-        st.error(error_text(exc), icon=":material/error:")
+        st.error(md(error_text(exc)), icon=":material/error:")
     except Exception as exc:  # a bug must still be one readable line, not a stack trace
         _log.exception("page error")
-        st.error(error_text(exc), icon=":material/error:")
+        st.error(md(error_text(exc)), icon=":material/error:")
 
 
 def password_matches(given: str, expected: str) -> bool:

@@ -55,11 +55,11 @@ def upload(svc: Service) -> None:
         st.session_state["_import:last"] = file.file_id
         try:
             version = svc.import_harness(file.getvalue(), name=file.name)
-            st.session_state["_import:outcome"] = ("ok", f"Imported {file.name} as version {version.id}.")
+            st.session_state["_import:outcome"] = ("ok", f"Imported {ui.md(file.name)} as version {version.id}.")
         except EcdysisError as exc:
-            st.session_state["_import:outcome"] = ("error", f"{file.name} was refused: {error_text(exc)}")
+            st.session_state["_import:outcome"] = ("error", f"{ui.md(file.name)} was refused: {ui.md(error_text(exc))}")
         except Exception as exc:  # a malformed archive must read as a refusal, not a crash
-            st.session_state["_import:outcome"] = ("error", f"{file.name} was refused: {error_text(exc)}")
+            st.session_state["_import:outcome"] = ("error", f"{ui.md(file.name)} was refused: {ui.md(error_text(exc))}")
     outcome = st.session_state.get("_import:outcome")
     if outcome:
         (st.success if outcome[0] == "ok" else st.error)(outcome[1])

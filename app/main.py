@@ -1,11 +1,17 @@
 """The Streamlit entry script: page config, the optional demo password, and navigation over the
 page scripts in `pages/`. Nothing else runs here."""
 
+from pathlib import Path
+
 import streamlit as st
 
 from app.guard import require_password
 
-st.set_page_config(page_title="Ecdysis", page_icon=":material/cycle:", layout="wide")
+# A local image, served by this server: an emoji or a `:material/...:` page icon makes the browser
+# fetch the favicon from a CDN or Google's font host (the app must need nothing from outside).
+ICON = Path(__file__).resolve().parent / "assets" / "icon.png"
+
+st.set_page_config(page_title="Ecdysis", page_icon=str(ICON), layout="wide")
 
 if require_password():
     st.navigation([

@@ -64,7 +64,7 @@ def editor(svc: Service, p: ProposalRecord, who: str) -> None:
     """An editor per patched file; the diff against the base version follows every change."""
     base = svc.harness(p.harness_version).files
     for path, text in p.files.items():
-        st.text_area(f"`{path}` (patched)", value=text, height=320, key=f"edit:{p.id}:{path}",
+        st.text_area(f"{ui.code(path)} (patched)", value=text, height=320, key=f"edit:{p.id}:{path}",
                      help="Ctrl+Enter (or leaving the box) updates the diff below")
     edited = _edited_files(p)
     st.markdown("**Your version against the base harness**")
@@ -127,7 +127,7 @@ def evaluate_offer(svc: Service, p: ProposalRecord, version_id: str, parent_id: 
     models = sorted({r.model for r in runs})
     left, right = st.columns([1, 3], vertical_alignment="bottom")
     size = left.number_input("Validation instances", 1, 5000, 12, key=f"evalsize:{p.id}")
-    if right.button(f"Evaluate on {suite} validation with {', '.join(models)} (new and parent version)",
+    if right.button(f"Evaluate on {ui.md(suite)} validation with {ui.md(', '.join(models))} (new and parent version)",
                     key=f"evaluate:{p.id}", icon=":material/science:"):
         with shown_errors():
             for model in models:

@@ -66,10 +66,21 @@ def job_text(job: JobRecord) -> str:
     return f"{what} {job.id} · {job.status}{count}{' · ' + job.message if job.message else ''}{stop}"
 
 
-def resumable(runs: Iterable[RunRecord], jobs: Iterable[JobRecord]) -> list[RunRecord]:
-    """Unfinished runs that no live job is working on (the process died, or it was stopped)."""
+def resumable(runs: Iterable[RunRecord], jobs: Iterable[JobRecord],
+              leased: Mapping[str, str] | None = None) -> list[RunRecord]:
+    """Unfinished runs that no live job is working on and no process holds a lease on (the
+    process died, or it was stopped)."""
     busy = {j.params.get("run_id") for j in jobs if j.kind == "run" and j.status in ACTIVE_JOB}
-    return [r for r in runs if r.status in UNFINISHED_RUN and r.id not in busy]
+    held = leased or {}
+    return [r for r in runs if r.status in UNFINISHED_RUN and r.id not in busy and f"run:{r.id}" not in held]
+
+
+def running_elsewhere(runs: Iterable[RunRecord], jobs: Iterable[JobRecord],
+                      leased: Mapping[str, str]) -> list[tuple[RunRecord, str]]:
+    """(run, holder) for runs executed by a process this app has no job for (a CLI run, another
+    app): shown as such, never offered for resume."""
+    busy = {j.params.get("run_id") for j in jobs if j.kind == "run" and j.status in ACTIVE_JOB}
+    return [(r, leased[f"run:{r.id}"]) for r in runs if f"run:{r.id}" in leased and r.id not in busy]
 
 
 def result_row(r: InstanceResult) -> dict[str, Any]:

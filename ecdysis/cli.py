@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ecdysis.errors import EcdysisError
 from ecdysis.service import RunRequest, Service
-from ecdysis.settings import Settings
+from ecdysis.settings import Settings, redact_credentials
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Evolve the runtime harness of LLM agents from batches of failures.")
@@ -51,8 +53,9 @@ def suites(as_json: bool = typer.Option(False, "--json", help="print a JSON list
         return
     table = Table("suite", "size", "categories", "scorer", "source")
     for r in rows:
-        table.add_row(r["name"], str(r["size"]), ", ".join(f"{k} {v}" for k, v in r["categories"].items()),
-                      str(r.get("scorer", "")), str(r.get("source", "")))
+        table.add_row(escape(r["name"]), str(r["size"]),
+                      escape(", ".join(f"{k} {v}" for k, v in r["categories"].items())),
+                      escape(str(r.get("scorer", ""))), escape(str(r.get("source", ""))))
     out.print(table)
 
 
@@ -60,11 +63,11 @@ def _summary_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"run {summary['run_id']}", show_header=False)
     for key in ("suite", "model", "harness_version", "n", "accuracy", "model_calls", "cache_hits",
                 "prompt_tokens", "completion_tokens", "wall_seconds"):
-        table.add_row(key, str(summary.get(key)))
+        table.add_row(key, escape(str(summary.get(key))))
     for cat, acc in summary.get("accuracy_by_category", {}).items():
-        table.add_row(f"  accuracy[{cat}]", f"{acc:.3f}")
+        table.add_row(escape(f"  accuracy[{cat}]"), f"{acc:.3f}")
     for kind, count in summary.get("errors", {}).items():
-        table.add_row(f"  errors[{kind}]", str(count))
+        table.add_row(escape(f"  errors[{kind}]"), str(count))
     return table
 
 
@@ -118,7 +121,7 @@ def runs(as_json: bool = typer.Option(False, "--json")) -> None:
         return
     table = Table(*(rows[0].keys() if rows else ["run_id"]))
     for r in rows:
-        table.add_row(*(str(v) for v in r.values()))
+        table.add_row(*(escape(str(v)) for v in r.values()))
     out.print(table if rows else "no runs yet: try `ecdysis run --suite reasoning-mix --limit 10`")
 
 
@@ -132,7 +135,8 @@ def harnesses(as_json: bool = typer.Option(False, "--json")) -> None:
         return
     table = Table("id", "parent", "status", "note", "files")
     for r in rows:
-        table.add_row(r["id"], str(r["parent"] or ""), r["status"], r["note"], ", ".join(r["files"]))
+        table.add_row(r["id"], str(r["parent"] or ""), escape(r["status"]), escape(r["note"]),
+                      escape(", ".join(r["files"])))
     out.print(table)
 
 
@@ -170,7 +174,8 @@ def proposals(diagnosis: Optional[str] = typer.Option(None, help="only this diag
         return
     table = Table("id", "diagnosis", "cluster", "status", "operator", "change")
     for r in rows:
-        table.add_row(r["id"], r["diagnosis"], r["cluster"], r["status"], str(r["operator"]), r["change"][:80])
+        table.add_row(r["id"], r["diagnosis"], r["cluster"], r["status"], escape(str(r["operator"])),
+                      escape(str(r["change"])[:80]))
     out.print(table if rows else "no proposals yet: run `ecdysis diagnose RUN_ID`")
 
 
@@ -181,16 +186,34 @@ def decide(proposal: str = typer.Argument(...),
            edited_dir: Optional[str] = typer.Option(None, help="with edit: folder holding the edited files"),
            who: str = typer.Option("cli", help="who decides (stored with the decision)")) -> None:
     """Record a decision on a proposal (the same gate the app and `evolve --review` use)."""
-    from pathlib import Path
     svc = _service()
     files = None
     if decision == "edit":
         if not edited_dir:
             raise EcdysisError("an edit needs --edited-dir with the edited files")
         p = svc.get_proposal(proposal)
-        files = {name: (Path(edited_dir) / name).read_text() for name in p.files if (Path(edited_dir) / name).exists()}
+        files = _read_edited(Path(edited_dir), list(p.files))
     rec = svc.decide(proposal, decision, who=who, reason=reason, files=files)
     out.print(f"{rec.decision} recorded for {proposal}")
+
+
+def _read_edited(folder: Path, names: list[str]) -> dict[str, str]:
+    """The edited versions of `names` found in `folder` (UTF-8 text, as every harness file is)."""
+    from ecdysis.errors import InputError
+    if not folder.is_dir():
+        raise InputError("not a folder", path=str(folder), hint="--edited-dir names the folder holding the edited files")
+    files: dict[str, str] = {}
+    for name in names:
+        path = folder / name
+        if path.is_file():
+            try:
+                files[name] = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"not UTF-8 text (byte {exc.start})", path=str(path),
+                                 hint="harness files are UTF-8; nothing was recorded") from exc
+            except OSError as exc:
+                raise InputError(f"cannot read it: {exc.strerror or exc}", path=str(path)) from exc
+    return files
 
 
 @app.command()
@@ -253,6 +276,22 @@ def evolve(
         out.print(f"[yellow]{result['stopped']}[/yellow] — `ecdysis evolve --resume {result['evolution_id']}`")
 
 
+@app.command()
+def evolutions(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List stored evolutions, newest first (resume one with `ecdysis evolve --resume ID`)."""
+    rows = [{"evolution_id": e.id, "strategy": e.strategy, "suite": e.suite, "models": e.models, "status": e.status,
+             "iterations": len(e.iterations), "current_version": e.current_version,
+             "stopped": e.result.get("stopped")} for e in _service().evolutions()]
+    if as_json:
+        _emit_json(rows)
+        return
+    table = Table("evolution_id", "strategy", "suite", "models", "status", "iterations", "current_version")
+    for r in rows:
+        table.add_row(r["evolution_id"], r["strategy"], escape(r["suite"]), escape(", ".join(r["models"])),
+                      r["status"], str(r["iterations"]), r["current_version"])
+    out.print(table if rows else "no evolutions yet: try `ecdysis evolve --suite boolean --auto-approve`")
+
+
 def _evolve_printer() -> Callable[[dict[str, Any]], None]:
     def sink(event: dict[str, Any]) -> None:
         if event["type"] == "iteration_done":
@@ -271,7 +310,7 @@ def _terminal_reviewer(svc: Service) -> Callable[[Any], tuple[str, str, Optional
         base = svc.harness(proposal.harness_version)
         out.rule(f"proposal {proposal.id} (cluster {proposal.cluster_id})")
         for key in ("change", "root_cause", "expected_effect", "risk", "scope"):
-            out.print(f"[bold]{key}[/bold]: {proposal.spec.get(key, '')}")
+            out.print(f"[bold]{key}[/bold]: {escape(str(proposal.spec.get(key, '')))}")
         for d in diff_files(base.files, {**base.files, **proposal.files}):
             out.print(d.unified, highlight=False, markup=False)
         while True:
@@ -327,8 +366,9 @@ def main() -> None:
     try:
         app()
     except EcdysisError as exc:
-        err.print(f"[red]error:[/red] {exc.message}" + (f" — {exc.hint}" if exc.hint else ""),
-                  highlight=False, soft_wrap=True)
+        # The message may quote a server's body or a file: no Rich markup from it, no credentials.
+        line = redact_credentials(exc.message + (f" — {exc.hint}" if exc.hint else ""))
+        err.print(f"[red]error:[/red] {escape(' '.join(line.split()))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted; resume with `ecdysis run --resume RUN_ID`")

@@ -253,11 +253,10 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
 
 def store_report(store: Store, report: DiagnosisReport) -> DiagnosisRecord:
     """Persist a report and its proposals (accepted ones as `pending` for the human gate, rejected
-    ones as `rejected`), returning the stored diagnosis record."""
+    ones as `rejected`) in one transaction, returning the stored diagnosis record: a process
+    killed meanwhile leaves neither, never a diagnosis without its proposals."""
     record = report.to_record()
-    store.save_diagnosis(record)
-    for proposal in report.proposals:
-        store.save_proposal(proposal.to_record(report.id, created_at=report.created_at))
+    store.save_report(record, [p.to_record(report.id, created_at=report.created_at) for p in report.proposals])
     return record
 
 

@@ -59,3 +59,8 @@ class BudgetExceeded(EcdysisError):
 
 class Cancelled(EcdysisError):
     """The job was cancelled through its flag in the store."""
+
+
+class Conflict(EcdysisError):
+    """Another process got there first: the proposal was decided meanwhile, or the run, evolution
+    or diagnosis is being executed elsewhere (its lease is held). Nothing was changed."""

@@ -15,11 +15,12 @@ from typing import Any, Callable
 
 from ecdysis import diagnosis
 from ecdysis.diffs import FileDiff, apply_diffs
-from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, InputError
+from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, InputError
 from ecdysis.gate import POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, decide
 from ecdysis.harness import harness_id, new_version
+from ecdysis.leases import Held, evolution_key
 from ecdysis.records import Instance, RunRecord
-from ecdysis.runner import CallBudget, EventSink, Runner, pick_instances
+from ecdysis.runner import CallBudget, EventSink, Runner, check_limit, pick_instances
 from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, HarnessVersion, ProposalRecord
 
 STRATEGIES = ("ecdysis", "per-instance")
@@ -63,6 +64,8 @@ class EvolveConfig:
             raise ConfigError("--iterations and --batch-size must be at least 1")
         if self.gate not in POLICIES:
             raise ConfigError(f"unknown gate {self.gate!r}", hint=f"use one of {', '.join(POLICIES)}")
+        check_limit("--val-limit", self.val_limit)
+        check_limit("--test-limit", self.test_limit)
 
     def policy(self) -> AcceptancePolicy:
         if self.gate == "paired-sign":
@@ -105,6 +108,16 @@ class Evolver:
         """Run (or resume) an evolution until its iterations are done, a budget is spent, it is
         cancelled, or it waits for human decisions without a reviewer."""
         evo = self._load(evolution_id)
+        # Refused here, before anything is saved, while another process executes it.
+        with Held(self.store, evolution_key(evo.id), ttl_s=self.svc.settings.lease_ttl_s, role="evolve") as held:
+            outer = self.cancelled
+            self.cancelled = lambda: outer() or held.lost
+            try:
+                return self._run(evo, overrides)
+            finally:
+                self.cancelled = outer
+
+    def _run(self, evo: EvolutionRecord, overrides: dict[str, Any] | None) -> EvolutionRecord:
         if overrides:
             evo.config.update({k: v for k, v in overrides.items() if v is not None})
         cfg = EvolveConfig(**evo.config)
@@ -116,6 +129,7 @@ class Evolver:
         # Every save writes what was spent so far, so a killed process does not reset the budget.
         self._spent_before, self._budget = spent, budget
         evo.status = "running"
+        evo.result.pop("stopped", None)  # why an earlier attempt stopped is history once this one runs
         self._save(evo)
         try:
             while evo.result["cursor"]["phase"] != "finished":
@@ -305,15 +319,18 @@ class Evolver:
         for proposal in pending:
             earlier = self.store.list_decisions(proposal.id)
             if earlier:
-                # Decided, but the process died before the status was set (`decide` writes the
-                # decision, then the status): finish that write instead of deciding twice.
+                # Decided, but the status not set: a database written by a version whose `decide`
+                # made two writes and died between them. Finish that write instead of deciding twice.
                 self.store.set_proposal_status(proposal.id, DECIDED_STATUS[earlier[-1].decision])
                 continue
-            if cfg.auto_approve:
-                decide(self.store, proposal.id, "approve", who="auto-approve", reason="--auto-approve")
-            elif self.reviewer is not None:
-                decision, reason, files = self.reviewer(proposal)
-                decide(self.store, proposal.id, decision, who="terminal", reason=reason, files=files)  # type: ignore[arg-type]
+            try:
+                if cfg.auto_approve:
+                    decide(self.store, proposal.id, "approve", who="auto-approve", reason="--auto-approve")
+                elif self.reviewer is not None:
+                    decision, reason, files = self.reviewer(proposal)
+                    decide(self.store, proposal.id, decision, who="terminal", reason=reason, files=files)  # type: ignore[arg-type]
+            except Conflict:
+                continue  # a reviewer elsewhere (the app, the CLI) decided it meanwhile: that decision stands
         while True:
             waiting = [i for i in proposal_ids if (p := self.store.get_proposal(i)) and p.status == "pending"]
             if not waiting:

@@ -102,8 +102,28 @@ def export_zip(store: Store, version_id: str, dest: Path | str | None = None,
             id=version.id, date=manifest["exported_at"], note=version.note or ""))
     data = buf.getvalue()
     if dest is not None:
-        Path(dest).write_bytes(data)
+        write_archive(Path(dest), data)
     return data
+
+
+def write_archive(dest: Path, data: bytes) -> None:
+    """Write `data` to `dest`, or raise InputError saying why not (a missing folder, no
+    permission, a folder in the way); nothing is left half-written at `dest`."""
+    if dest.is_dir():
+        raise InputError("is a folder", path=str(dest), hint="give a file name, e.g. -o harness.zip")
+    if not dest.parent.is_dir():
+        raise InputError("its folder does not exist", path=str(dest), hint="create the folder first")
+    partial = dest.with_name(f".{dest.name}.partial")
+    try:
+        partial.write_bytes(data)
+        partial.replace(dest)
+    except OSError as exc:
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass  # nothing was written there either
+        raise InputError(f"cannot write it: {exc.strerror or exc}", path=str(dest),
+                         hint="choose a writable place with -o") from exc
 
 
 def read_zip(data: bytes, *, origin: str = "archive") -> tuple[dict[str, str], dict[str, Any]]:
@@ -166,7 +186,13 @@ def read_zip(data: bytes, *, origin: str = "archive") -> tuple[dict[str, str], d
                 if not isinstance(manifest, dict):
                     raise InputError("manifest.json is not an object", path=origin)
             elif name.startswith("harness/"):
-                files[check_name(name[len("harness/"):])] = text
+                inner = name[len("harness/"):]
+                plain = check_name(inner)
+                if plain != inner:
+                    # "harness/./harness.py" would silently replace "harness/harness.py": what a
+                    # reviewer unpacks must be what is imported.
+                    raise InputError(f"entry {name!r} is not a plain path (it means 'harness/{plain}')", path=origin)
+                files[plain] = text
     if not files:
         raise InputError("no harness/ folder inside; is this an Ecdysis export?", path=origin)
     return files, manifest

@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from ecdysis.errors import InputError, NotFound
+from ecdysis.errors import Conflict, InputError, NotFound
 from ecdysis.harness import validate_files
 from ecdysis.store import DecisionKind, DecisionRecord, ProposalRecord, Store
 
@@ -109,7 +109,8 @@ def decide(store: Store, proposal_id: str, decision: DecisionKind, *, who: str, 
     if proposal is None:
         raise NotFound(f"no proposal {proposal_id!r}")
     if proposal.status not in ("pending",):
-        raise InputError(f"proposal {proposal_id} was already decided ({proposal.status})")
+        raise Conflict(f"proposal {proposal_id} was already decided ({proposal.status}); nothing was recorded",
+                       hint=f"`ecdysis proposals --status {proposal.status}` shows it")
     if decision not in ("approve", "edit", "reject"):
         raise InputError(f"unknown decision {decision!r}", hint="approve, edit or reject")
     applied: dict[str, str] | None = None
@@ -126,9 +127,10 @@ def decide(store: Store, proposal_id: str, decision: DecisionKind, *, who: str, 
         applied = dict(proposal.files)
     record = DecisionRecord(proposal_id=proposal_id, decision=decision, who=who, reason=reason,
                             files_as_applied=applied, at=time.time())
-    saved = store.save_decision(record)
-    store.set_proposal_status(proposal_id, {"approve": "approved", "edit": "edited", "reject": "rejected"}[decision])
-    return saved
+    # One transaction, conditional on the proposal still being pending: of two deciders at once,
+    # one records, the other gets Conflict and stores nothing.
+    status = {"approve": "approved", "edit": "edited", "reject": "rejected"}[decision]
+    return store.decide_proposal(record, status)
 
 
 def approved_files(store: Store, proposal: ProposalRecord) -> dict[str, str] | None:

@@ -3,9 +3,12 @@ content-addressed with a parent link, so every change is a diff and every versio
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import re
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from ecdysis.errors import InputError, NotFound
@@ -50,18 +53,81 @@ def validate_files(files: dict[str, str], *, origin: str = "harness") -> None:
         raise InputError(str(exc), path=f"{origin}/harness.toml") from exc
     except RecursionError as exc:  # tomllib recurses into nested arrays and tables
         raise InputError("nested too deeply", path=f"{origin}/harness.toml") from exc
-    entry = str(config.get("harness", {}).get("entry", "harness.py:solve"))
-    entry_file = entry.partition(":")[0]
+    toml_path = f"{origin}/harness.toml"
+    section = config.get("harness", {})
+    if not isinstance(section, dict):
+        raise InputError(f"`harness` must be a table ([harness]), not {_toml_type(section)}", path=toml_path,
+                         hint='[harness] with name, description and entry = "harness.py:solve"')
+    entry = section.get("entry", "harness.py:solve")
+    if not isinstance(entry, str) or not ENTRY.fullmatch(entry):
+        raise InputError(f"entry {entry!r} is not FILE.py:FUNCTION", path=toml_path, hint='e.g. "harness.py:solve"')
+    entry_file, _, entry_function = entry.partition(":")
     if entry_file not in files:
-        raise InputError(f"entry file {entry_file!r} is missing", path=f"{origin}/harness.toml")
+        raise InputError(f"entry file {entry_file!r} is missing", path=toml_path)
+    check_params(config.get("params", {}), path=toml_path)
+    trees: dict[str, ast.Module] = {}
     for name, text in files.items():
         if name.endswith(".py"):
             try:
-                compile(text, name, "exec")
+                trees[name] = ast.parse(text, name)
+                compile(trees[name], name, "exec")
             except SyntaxError as exc:
                 raise InputError(f"syntax error: {exc.msg}", path=f"{origin}/{name}", line=exc.lineno) from exc
             except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes; nesting the compiler gives up on
                 raise InputError(f"does not compile ({type(exc).__name__}: {exc})", path=f"{origin}/{name}") from exc
+    if entry_function not in _top_level_names(trees[entry_file]):
+        raise InputError(f"{entry_file} defines no function {entry_function!r} (the entry point)",
+                         path=toml_path, hint=f"define `def {entry_function}(task, model, harness)` at the top level "
+                                              f"of {entry_file}, or change `entry`")
+
+
+# The runtime parameters the starter harness reads, with the types it needs; other [params] keys
+# are the harness's own business and may hold any TOML value.
+PARAM_TYPES: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "temperature": ("a number from 0 to 2", lambda v: _number(v) and 0 <= v <= 2),  # type: ignore[operator]
+    "max_tokens": ("a whole number from 1 to 32768", lambda v: _whole(v) and 1 <= v <= 32768),  # type: ignore[operator]
+    "samples": ("a whole number from 1 to 64", lambda v: _whole(v) and 1 <= v <= 64),  # type: ignore[operator]
+    "retries": ("a whole number from 0 to 16", lambda v: _whole(v) and 0 <= v <= 16),  # type: ignore[operator]
+    "stop": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+}
+ENTRY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*\.py:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_params(params: object, *, path: str) -> None:
+    """`[params]` is a table whose known keys have the types the harness runtime expects."""
+    if not isinstance(params, dict):
+        raise InputError(f"`params` must be a table ([params]), not {_toml_type(params)}", path=path)
+    for key, (wanted, ok) in PARAM_TYPES.items():
+        if key in params and not ok(params[key]):
+            raise InputError(f"params.{key} = {params[key]!r} must be {wanted}", path=path)
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _whole(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _toml_type(v: object) -> str:
+    return {str: "a string", int: "a number", float: "a number", bool: "a boolean", list: "an array"}.get(
+        type(v), type(v).__name__)
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """Functions defined, names assigned or imported at a module's top level."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
 
 
 def read_dir(folder: Path) -> dict[str, str]:

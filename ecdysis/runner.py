@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ecdysis.errors import BudgetExceeded, ModelError, NotFound
+from ecdysis.errors import BudgetExceeded, InputError, ModelError, NotFound
 from ecdysis.executors import Batch, Executor
 from ecdysis.models.base import ModelBackend
 from ecdysis.models.gateway import ModelGateway
@@ -61,9 +61,16 @@ class CallBudget:
         return False
 
 
+def check_limit(option: str, limit: int | None) -> None:
+    """A limit is a positive count or None (everything): 0 used to mean "all" and -5 "all but 5"."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InputError(f"{option} must be at least 1, not {limit!r}", hint=f"leave {option} out for the whole split")
+
+
 def pick_instances(suite: Suite, split: str, limit: int | None) -> list[Instance]:
     """The first `limit` instances of a split, taken round-robin over categories so a small
     batch still spans every category (a failure must be able to recur across categories)."""
+    check_limit("the limit", limit)
     pool = suite.instances if split == "all" else suite.split(split)  # type: ignore[arg-type]
     by_cat: dict[str, list[Instance]] = {}
     for inst in pool:
@@ -74,7 +81,7 @@ def pick_instances(suite: Suite, split: str, limit: int | None) -> list[Instance
         for q in queues:
             if q:
                 ordered.append(q.pop(0))
-    return ordered[:limit] if limit else ordered
+    return ordered[:limit] if limit is not None else ordered
 
 
 def new_run_id() -> str:

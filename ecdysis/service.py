@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from ecdysis import diagnosis
 from ecdysis import evolve as _evolve  # noqa: F401 - imported here, not lazily in job threads
 from ecdysis import harness as harness_mod
-from ecdysis.errors import NotFound
+from ecdysis.errors import Conflict, InputError, NotFound
+from ecdysis.leases import Held, diagnosis_key, evolution_key, run_key
 from ecdysis.models.base import ModelBackend
 from ecdysis.models.registry import get_backend
 from ecdysis.records import InstanceResult, RunRecord, RunSummary, Suite
-from ecdysis.runner import CallBudget, EventSink, Runner
+from ecdysis.runner import CallBudget, EventSink, Runner, check_limit
 from ecdysis.sandbox import SandboxLimits
 from ecdysis.settings import Settings
 from ecdysis.store import HarnessVersion, Store
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from ecdysis.evolve import EvolveConfig
     from ecdysis.jobs import JobContext, JobManager
     from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, JobRecord, ProposalRecord
+
+
+PROPOSAL_STATUSES = ("pending", "approved", "edited", "rejected", "applied", "superseded")
 
 
 @dataclass
@@ -81,6 +85,8 @@ class ReviewAPI:
         return self.jobs.submit("run", {"run_id": run.id, "suite": req.suite, "model": req.model}, work)
 
     def start_resume_job(self, run_id: str) -> str:
+        self.refuse_if_running_elsewhere(run_key(run_id))
+
         def work(ctx: "JobContext") -> dict[str, Any]:
             summary = self.execute_run(run_id, cancelled=ctx.cancelled,  # type: ignore[attr-defined]
                                        events=lambda e: ctx.progress(e.get("done", 0), e.get("total", 0), f"run {run_id}")
@@ -91,13 +97,16 @@ class ReviewAPI:
     # ---- diagnoses and proposals
     def diagnose(self, run_ids: list[str], *, role_backend: str = "heuristic", max_rounds: int = 3,
                  events: Callable[[dict[str, Any]], None] | None = None) -> "DiagnosisRecord":
-        report = diagnosis.diagnose(self.store, run_ids, suite_loader=self.suite,  # type: ignore[attr-defined]
-                                    role_backend=role_backend, max_rounds=max_rounds,
-                                    backend_factory=self.backend, events=events,  # type: ignore[attr-defined]
-                                    limits=self.limits())  # type: ignore[attr-defined]
-        return diagnosis.store_report(self.store, report)
+        with Held(self.store, diagnosis_key(run_ids), ttl_s=self.settings.lease_ttl_s, role="diagnose"):
+            report = diagnosis.diagnose(self.store, run_ids, suite_loader=self.suite,  # type: ignore[attr-defined]
+                                        role_backend=role_backend, max_rounds=max_rounds,
+                                        backend_factory=self.backend, events=events,  # type: ignore[attr-defined]
+                                        limits=self.limits())  # type: ignore[attr-defined]
+            return diagnosis.store_report(self.store, report)
 
     def start_diagnosis_job(self, run_ids: list[str], *, role_backend: str = "heuristic") -> str:
+        self.refuse_if_running_elsewhere(diagnosis_key(run_ids))
+
         def work(ctx: "JobContext") -> dict[str, Any]:
             ctx.progress(0, 1, "clustering failures", force=True)
             rec = self.diagnose(run_ids, role_backend=role_backend,
@@ -115,6 +124,8 @@ class ReviewAPI:
         return rec
 
     def proposals(self, *, diagnosis_id: str | None = None, status: str | None = None) -> list["ProposalRecord"]:
+        if status is not None and status not in PROPOSAL_STATUSES:
+            raise InputError(f"unknown proposal status {status!r}", hint=f"one of {', '.join(PROPOSAL_STATUSES)}")
         return self.store.list_proposals(diagnosis_id=diagnosis_id, status=status)
 
     def get_proposal(self, proposal_id: str) -> "ProposalRecord":
@@ -158,6 +169,7 @@ class ReviewAPI:
         return self._evolution_job(evo.id)
 
     def resume_evolution_job(self, evolution_id: str) -> str:
+        self.refuse_if_running_elsewhere(evolution_key(evolution_id))
         return self._evolution_job(evolution_id)
 
     def _evolution_job(self, evolution_id: str) -> str:
@@ -172,6 +184,21 @@ class ReviewAPI:
             evo = Evolver(self, events=events, cancelled=ctx.cancelled, poll_s=1.0).run(evolution_id)  # type: ignore[arg-type]
             return summary(evo)
         return self.jobs.submit("evolve", {"evolution_id": evolution_id}, work)
+
+    # ---- leases: who executes what right now, in any process
+    def running_elsewhere(self) -> dict[str, str]:
+        """Live leases as {key: holder}, keys "run:ID", "evolution:ID", "diagnosis:RUN,RUN"."""
+        import time
+        now = time.time()
+        return {lease.key: lease.owner for lease in self.store.list_leases() if lease.live(now)}
+
+    def refuse_if_running_elsewhere(self, key: str) -> None:
+        """Raise Conflict naming the holder when `key` is leased: checked before a job is created,
+        so a refusal stores nothing (the executor itself takes the lease and checks again)."""
+        holder = self.running_elsewhere().get(key)
+        if holder is not None:
+            raise Conflict(f"{key.replace(':', ' ', 1)} is running elsewhere: held by {holder}",
+                           hint="wait for it to finish or stop it there")
 
     def evolutions(self, limit: int = 50) -> list["EvolutionRecord"]:
         return self.store.list_evolutions(limit=limit)
@@ -235,6 +262,7 @@ class Service(ReviewAPI):
                              memory_mb=self.settings.instance_memory_mb)
 
     def create_run(self, req: RunRequest) -> RunRecord:
+        check_limit("--limit", req.limit)
         suite = self.suite(req.suite)
         self.backend(req.model)  # fail fast on an unknown model or a missing key
         version = self.harness(req.harness)
@@ -251,8 +279,13 @@ class Service(ReviewAPI):
         suite = self.suite(run.suite)
         version = self.harness(run.harness_version)
         runner = Runner(self.store, limits=self.limits(), events=events)
-        return runner.execute(run, suite, self.backend(run.model), version, use_cache=use_cache,
-                              budget=budget, cancelled=cancelled, executor=chosen)
+        # One executor per run: a second one is refused here, before the run is touched.
+        with Held(self.store, run_key(run_id), ttl_s=self.settings.lease_ttl_s, role="run") as held:
+            def stop() -> bool:
+                return held.lost or (cancelled is not None and cancelled())
+            run = self.get_run(run_id)  # as the previous holder left it
+            return runner.execute(run, suite, self.backend(run.model), version, use_cache=use_cache,
+                                  budget=budget, cancelled=stop, executor=chosen)
 
     def run(self, req: RunRequest, *, events: EventSink | None = None) -> RunSummary:
         run = self.create_run(req)

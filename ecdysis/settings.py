@@ -6,6 +6,7 @@ exported, and the harness sandbox gets a scrubbed environment."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -38,6 +39,25 @@ def _env_names(name: str, default: tuple[str, ...]) -> tuple[str, ...]:
     return names or default
 
 
+def _env_positive(name: str, default: float) -> float:
+    value = _env_float(name, default)
+    if not value > 0 or value == float("inf"):
+        from ecdysis.errors import ConfigError
+        raise ConfigError(f"{name}={os.environ.get(name)!r} must be a positive number of seconds",
+                          hint=f"unset {name} (default {default:g}) or give a number above 0")
+    return value
+
+
+# "scheme://user:password@host" -> "scheme://***@host": credentials in a URL never reach a screen,
+# a log line or a stored error.
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s'\"<>]+@")
+
+
+def redact_credentials(text: str) -> str:
+    """`text` with the user and password of every URL in it replaced by ***."""
+    return _URL_CREDENTIALS.sub(r"\1***@", text) if "@" in text else text
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -62,6 +82,7 @@ class Settings:
     executor: str = "local"
     ray_address: str | None = None
     ray_workers: int = 0
+    lease_ttl_s: float = 60.0   # a lease not renewed for this long is free (ecdysis.leases)
 
     @staticmethod
     def from_env() -> "Settings":
@@ -71,9 +92,9 @@ class Settings:
         return Settings(
             home=home,
             database_url=db,
-            instance_timeout_s=_env_float("ECDYSIS_INSTANCE_TIMEOUT", 120.0),
+            instance_timeout_s=_env_positive("ECDYSIS_INSTANCE_TIMEOUT", 120.0),
             instance_memory_mb=_env_int("ECDYSIS_INSTANCE_MEMORY_MB", 1024),
-            model_timeout_s=_env_float("ECDYSIS_MODEL_TIMEOUT", 60.0),
+            model_timeout_s=_env_positive("ECDYSIS_MODEL_TIMEOUT", 60.0),
             max_retries=_env_int("ECDYSIS_MAX_RETRIES", 4),
             default_model=os.environ.get("ECDYSIS_MODEL") or "qwen2.5-coder-0.5b",
             default_models=_env_names("ECDYSIS_MODELS", ("qwen2.5-coder-0.5b", "smollm2")),
@@ -89,6 +110,7 @@ class Settings:
             executor=os.environ.get("ECDYSIS_EXECUTOR") or "local",
             ray_address=os.environ.get("ECDYSIS_RAY_ADDRESS") or None,
             ray_workers=max(0, _env_int("ECDYSIS_RAY_WORKERS", 0)),
+            lease_ttl_s=_env_positive("ECDYSIS_LEASE_TTL", 60.0),
         )
 
     def public(self) -> dict[str, str]:
@@ -100,9 +122,8 @@ class Settings:
                 value = "set" if value else "not set"
             elif isinstance(value, tuple):
                 value = ",".join(value)
-            elif f.name == "database_url" and "@" in str(value):
-                scheme, rest = str(value).split("://", 1)
-                value = f"{scheme}://***@{rest.split('@', 1)[1]}"
+            elif isinstance(value, str):
+                value = redact_credentials(value)
             out[f.name] = "" if value is None else str(value)
         return out
 

@@ -103,6 +103,21 @@ class EvolutionRecord:
     updated_at: float = 0.0
 
 
+@dataclass
+class Lease:
+    """Who executes a run, evolution or diagnosis (`key`) right now, until `expires_at` unless the
+    holder renews it (`ecdysis.leases`)."""
+
+    key: str
+    owner: str
+    acquired_at: float = 0.0
+    heartbeat_at: float = 0.0
+    expires_at: float = 0.0
+
+    def live(self, now: float) -> bool:
+        return self.expires_at > now
+
+
 class Store(Protocol):
     """Contract for every storage backend.
 
@@ -112,6 +127,13 @@ class Store(Protocol):
       (all or none): the runner's writer commits whatever finished meanwhile as one group.
     - The model-call cache never holds an error: only `Completion`s are put.
     - Getters return None (or an empty list) for unknown ids; they never raise for absence.
+    - `save_report` stores a diagnosis with its proposals in one transaction (all or none).
+    - `decide_proposal` moves a pending proposal to its decided status and appends the decision
+      in one transaction; if the proposal is no longer pending it changes nothing and raises
+      `Conflict`, so two reviewers deciding at once get one decision stored, not two.
+    - `acquire_lease` takes `key` for `owner` when it is free, expired or already the owner's,
+      in one statement, else raises `Conflict` naming the holder; `renew_lease` extends it and
+      says False when the owner lost it; `release_lease` gives it up.
     """
 
     # suites imported by users (built-in suites are generated, not stored)
@@ -152,14 +174,22 @@ class Store(Protocol):
     def get_diagnosis(self, diagnosis_id: str) -> DiagnosisRecord | None: ...
     def list_diagnoses(self, limit: int = 50) -> list[DiagnosisRecord]: ...
     def save_proposal(self, proposal: ProposalRecord) -> None: ...
+    def save_report(self, diagnosis: DiagnosisRecord, proposals: list[ProposalRecord]) -> None: ...
     def get_proposal(self, proposal_id: str) -> ProposalRecord | None: ...
     def list_proposals(self, *, diagnosis_id: str | None = None,
                        status: str | None = None) -> list[ProposalRecord]: ...
     def set_proposal_status(self, proposal_id: str, status: str) -> None: ...
     def save_decision(self, decision: DecisionRecord) -> DecisionRecord: ...
+    def decide_proposal(self, decision: DecisionRecord, status: str) -> DecisionRecord: ...
     def list_decisions(self, proposal_id: str | None = None) -> list[DecisionRecord]: ...
 
     # evolutions
     def save_evolution(self, evolution: EvolutionRecord) -> None: ...
     def get_evolution(self, evolution_id: str) -> EvolutionRecord | None: ...
     def list_evolutions(self, limit: int = 50) -> list[EvolutionRecord]: ...
+
+    # leases: one executor per run, evolution and diagnosis
+    def acquire_lease(self, key: str, owner: str, ttl_s: float) -> Lease: ...
+    def renew_lease(self, key: str, owner: str, ttl_s: float) -> bool: ...
+    def release_lease(self, key: str, owner: str) -> None: ...
+    def list_leases(self) -> list[Lease]: ...

@@ -34,10 +34,14 @@ with shown_errors():
     else:
         st.subheader("Finished and running batches")
         ui.run_table(runs, key="runs:table")
-        for run in views.resumable(runs, svc.recent_jobs(limit=100)):
+        jobs, leased = svc.recent_jobs(limit=100), svc.running_elsewhere()
+        for run, holder in views.running_elsewhere(runs, jobs, leased):
+            st.info(f"{run.id} is running elsewhere (held by {ui.md(holder)}); it can be resumed here once "
+                    f"that process stops and its lease lapses.", icon=":material/sync:")
+        for run in views.resumable(runs, jobs, leased):
             if st.button(f"Resume {run.id} ({run.status}, {len(svc.results(run.id))}/{len(run.instance_ids)} done)",
                          key=f"resume:{run.id}", icon=":material/resume:"):
-                svc.start_resume_job(run.id)
+                svc.start_resume_job(run.id)  # refused (one line) if another process took it meanwhile
                 st.rerun()
         st.subheader("Inspect a run")
         run_id = ui.pick("Run", [r.id for r in runs], {r.id: views.run_label(r) for r in runs},

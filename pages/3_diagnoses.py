@@ -23,7 +23,7 @@ with shown_errors():
     else:
         diagnosis = cv.pick_diagnosis(diagnoses, key="diagnoses:diagnosis")
         if diagnosis is not None:
-            st.caption(f"roles: {cv.role_backend_text(str(diagnosis.report.get('role_backend', '')))}")
+            st.caption(ui.md(f"roles: {cv.role_backend_text(str(diagnosis.report.get('role_backend', '')))}"))
             if not diagnosis.report.get("clusters"):
                 ui.empty_state("No failures, so nothing to diagnose.", icon=":material/celebration:")
             cv.conversation(diagnosis.report)

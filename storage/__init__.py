@@ -4,7 +4,7 @@ or PostgreSQL. The composition root (CLI, app) calls `open_store`; the engine ne
 from __future__ import annotations
 
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError
 
 from ecdysis.errors import ConfigError
 from ecdysis.settings import Settings
@@ -24,10 +24,11 @@ def open_store(url: str | None = None) -> SQLStore:
     store = SQLStore(_engine(parsed))
     try:
         migrate(store.engine)
-    except OperationalError as exc:
+    except DatabaseError as exc:  # OperationalError (unreachable, locked) or a file that is not a database
         store.close()
         raise ConfigError(f"cannot open the database {_shown(parsed)}: {str(exc.orig).strip()}",
-                          hint="check the URL, that the server runs and that the folder is writable") from exc
+                          hint="check the URL, that the server runs and that the folder is writable; a corrupt "
+                               "SQLite file must be moved aside (or ECDYSIS_HOME pointed elsewhere)") from exc
     return store
 
 

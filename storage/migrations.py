@@ -30,7 +30,7 @@ from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel
 
 from storage.tables import (CacheEntryRow, DecisionRow, DiagnosisRow, EvolutionRow, HarnessVersionRow,
-                            InstanceResultRow, JobRow, ModelCallRow, ProposalRow, RunRow, SchemaMigrationRow,
+                            InstanceResultRow, JobRow, LeaseRow, ModelCallRow, ProposalRow, RunRow, SchemaMigrationRow,
                             SuiteRow)
 
 Migration = Callable[[Connection], None]
@@ -78,9 +78,15 @@ def m002_jobs_and_the_review_trail(conn: Connection) -> None:
     create_tables(conn, JobRow, DiagnosisRow, ProposalRow, DecisionRow, EvolutionRow)
 
 
+def m003_leases(conn: Connection) -> None:
+    """Leases: one executor at a time per run, evolution and diagnosis, across processes."""
+    create_tables(conn, LeaseRow)
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_jobs_and_the_review_trail,
+    m003_leases,
 ]
 
 

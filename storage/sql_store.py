@@ -25,15 +25,16 @@ from sqlalchemy.orm import Mapped
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, SQLModel, col
 
-from ecdysis.errors import ConfigError, EcdysisError, NotFound
+from ecdysis.errors import ConfigError, Conflict, EcdysisError, NotFound
 from ecdysis.records import (Completion, ErrorType, Instance, InstanceResult, ModelCall, RunRecord,
                              RunStatus, ScorerSpec, Split, Suite)
+from ecdysis.settings import redact_credentials
 from ecdysis.store import (DecisionKind, DecisionRecord, DiagnosisRecord, EvolutionRecord, HarnessVersion,
-                           JobRecord, JobStatus, ProposalRecord)
+                           JobRecord, JobStatus, Lease, ProposalRecord)
 from storage.db import read_only
 from storage.migrations import table_of
 from storage.tables import (CacheEntryRow, DecisionRow, DiagnosisRow, EvolutionRow, HarnessVersionRow,
-                            InstanceResultRow, JobRow, ModelCallRow, ProposalRow, RunRow, SuiteRow)
+                            InstanceResultRow, JobRow, LeaseRow, ModelCallRow, ProposalRow, RunRow, SuiteRow)
 
 # Upserts need INSERT ... ON CONFLICT, which these two speak alike.
 SUPPORTED_DIALECTS = ("sqlite", "postgresql")
@@ -201,6 +202,12 @@ class SQLStore:
         with self.writing() as session:
             upsert_proposal(session=session, proposal=proposal)
 
+    def save_report(self, diagnosis: DiagnosisRecord, proposals: list[ProposalRecord]) -> None:
+        with self.writing() as session:
+            upsert_diagnosis(session=session, diagnosis=diagnosis)
+            for proposal in proposals:
+                upsert_proposal(session=session, proposal=proposal)
+
     def get_proposal(self, proposal_id: str) -> ProposalRecord | None:
         with self.reading() as session:
             return read_proposal(session=session, proposal_id=proposal_id)
@@ -218,6 +225,10 @@ class SQLStore:
         with self.writing() as session:
             return insert_decision(session=session, decision=decision)
 
+    def decide_proposal(self, decision: DecisionRecord, status: str) -> DecisionRecord:
+        with self.writing() as session:
+            return record_decision(session=session, decision=decision, status=status)
+
     def list_decisions(self, proposal_id: str | None = None) -> list[DecisionRecord]:
         with self.reading() as session:
             return read_decisions(session=session, proposal_id=proposal_id)
@@ -234,6 +245,23 @@ class SQLStore:
     def list_evolutions(self, limit: int = 50) -> list[EvolutionRecord]:
         with self.reading() as session:
             return read_evolutions(session=session, limit=limit)
+
+    # leases
+    def acquire_lease(self, key: str, owner: str, ttl_s: float) -> Lease:
+        with self.writing() as session:
+            return take_lease(session=session, key=key, owner=owner, ttl_s=ttl_s)
+
+    def renew_lease(self, key: str, owner: str, ttl_s: float) -> bool:
+        with self.writing() as session:
+            return extend_lease(session=session, key=key, owner=owner, ttl_s=ttl_s)
+
+    def release_lease(self, key: str, owner: str) -> None:
+        with self.writing() as session:
+            drop_lease(session=session, key=key, owner=owner)
+
+    def list_leases(self) -> list[Lease]:
+        with self.reading() as session:
+            return read_leases(session=session)
 
 
 # ---- data functions: suites
@@ -477,6 +505,25 @@ def insert_decision(*, session: Session, decision: DecisionRecord) -> DecisionRe
     return row_to_decision(row)
 
 
+def record_decision(*, session: Session, decision: DecisionRecord, status: str) -> DecisionRecord:
+    """Move the proposal from pending to `status` and append `decision`, or change nothing and
+    raise Conflict when it is no longer pending. The conditional UPDATE is what two deciders race
+    on: SQLite's write lock and PostgreSQL's row lock let exactly one of them match the row."""
+    table = table_of(ProposalRow)
+    changed = session.execute(table.update()
+                              .where(table.c.id == decision.proposal_id, table.c.status == "pending")
+                              .values(status=status))
+    if cast(CursorResult[Any], changed).rowcount == 0:
+        current = session.scalar(select(col(ProposalRow.status)).where(col(ProposalRow.id) == decision.proposal_id))
+        if current is None:
+            raise NotFound(f"no proposal {decision.proposal_id!r}", hint="`ecdysis proposals` lists them")
+        last = read_decisions(session=session, proposal_id=decision.proposal_id)
+        by = f" by {last[-1].who}" if last else ""
+        raise Conflict(f"proposal {decision.proposal_id} was already decided ({current}{by}); nothing was recorded",
+                       hint=f"`ecdysis proposals --status {current}` shows it")
+    return insert_decision(session=session, decision=decision)
+
+
 def read_decisions(*, session: Session, proposal_id: str | None = None) -> list[DecisionRecord]:
     """Oldest first, so the last one is the decision in force."""
     query = select(DecisionRow).order_by(col(DecisionRow.at), col(DecisionRow.id))
@@ -501,6 +548,56 @@ def read_evolutions(*, session: Session, limit: int = 50) -> list[EvolutionRecor
     query = (select(EvolutionRow).order_by(col(EvolutionRow.created_at).desc(), col(EvolutionRow.id).desc())
              .limit(limit))
     return [row_to_evolution(r) for r in session.scalars(query).all()]
+
+
+# ---- data functions: leases
+
+def take_lease(*, session: Session, key: str, owner: str, ttl_s: float) -> Lease:
+    """Give `key` to `owner` if it is free, expired or the owner's already, in one INSERT ... ON
+    CONFLICT DO UPDATE ... WHERE: two takers cannot both win. Raise Conflict naming the holder."""
+    now = time.time()
+    table = table_of(LeaseRow)
+    insert = _insert(session, LeaseRow).values(key=key, owner=owner, acquired_at=now, heartbeat_at=now,
+                                               expires_at=now + ttl_s)
+    session.execute(insert.on_conflict_do_update(
+        index_elements=["key"],
+        set_={"owner": insert.excluded.owner, "acquired_at": insert.excluded.acquired_at,
+              "heartbeat_at": insert.excluded.heartbeat_at, "expires_at": insert.excluded.expires_at},
+        where=(table.c.expires_at <= now) | (table.c.owner == owner)))
+    row = session.get(LeaseRow, key)
+    assert row is not None  # inserted, updated or held by another: it exists in this transaction
+    lease = row_to_lease(row)
+    if lease.owner != owner:
+        what = key.replace(":", " ", 1)
+        raise Conflict(f"{what} is running elsewhere: held by {lease.owner}, last heartbeat "
+                       f"{max(0.0, now - lease.heartbeat_at):.0f} s ago",
+                       hint=f"wait for it to finish or stop it there; if that process is gone, its lease "
+                            f"lapses in {max(0.0, lease.expires_at - now):.0f} s and a resume then works")
+    return lease
+
+
+def extend_lease(*, session: Session, key: str, owner: str, ttl_s: float) -> bool:
+    """Renew `owner`'s lease on `key`; False when it is no longer the owner's (it lapsed and was
+    taken, or was never taken)."""
+    now = time.time()
+    table = table_of(LeaseRow)
+    changed = session.execute(table.update().where(table.c.key == key, table.c.owner == owner)
+                              .values(heartbeat_at=now, expires_at=now + ttl_s))
+    return cast(CursorResult[Any], changed).rowcount == 1
+
+
+def drop_lease(*, session: Session, key: str, owner: str) -> None:
+    table = table_of(LeaseRow)
+    session.execute(table.delete().where(table.c.key == key, table.c.owner == owner))
+
+
+def read_leases(*, session: Session) -> list[Lease]:
+    return [row_to_lease(r) for r in session.scalars(select(LeaseRow).order_by(col(LeaseRow.key))).all()]
+
+
+def row_to_lease(row: LeaseRow) -> Lease:
+    return Lease(key=row.key, owner=row.owner, acquired_at=row.acquired_at, heartbeat_at=row.heartbeat_at,
+                 expires_at=row.expires_at)
 
 
 # ---- rows <-> records
@@ -680,8 +777,9 @@ def row_to_evolution(row: EvolutionRow) -> EvolutionRecord:
 
 def _storable(value: str | None) -> str | None:
     """Text safe for every backend: PostgreSQL text cannot hold NUL, which harness output may
-    contain; it becomes U+FFFD everywhere so SQLite and PostgreSQL return the same string."""
-    return value.replace("\x00", "\ufffd") if value else value
+    contain; it becomes U+FFFD everywhere so SQLite and PostgreSQL return the same string. The
+    credentials of a URL (a base URL in a connection error) are never stored."""
+    return redact_credentials(value.replace("\x00", "\ufffd")) if value else value
 
 
 def _insert(session: Session, model: type[SQLModel]) -> SqliteInsert | PgInsert:

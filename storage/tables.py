@@ -221,3 +221,16 @@ class EvolutionRow(SQLModel, table=True):
     result: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
     created_at: float = Field(default=0.0, index=True)
     updated_at: float = 0.0
+
+
+class LeaseRow(SQLModel, table=True):
+    """Who is executing a run, an evolution or a diagnosis right now (`ecdysis.leases`): the holder
+    renews `expires_at` while it works; a holder that died stops renewing and its lease lapses."""
+
+    __tablename__ = "lease"
+
+    key: str = Field(primary_key=True)          # "run:ID", "evolution:ID", "diagnosis:RUN,RUN"
+    owner: str
+    acquired_at: float = 0.0
+    heartbeat_at: float = 0.0
+    expires_at: float = Field(default=0.0, index=True)

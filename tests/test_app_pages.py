@@ -12,6 +12,7 @@ the Playwright test (`test_app_e2e.py`) covers those with the real embedded mode
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import time
 import zipfile
@@ -36,6 +37,11 @@ MAIN = ROOT / "app" / "main.py"
 PAGES = ["1_runs", "2_clusters", "3_diagnoses", "4_review", "5_evolution", "6_harnesses"]
 SURE = "Sure! Here is my answer: 42\nI hope this helps."
 THINK = "Let me think step by step about this problem first."
+
+
+def shown(markdown: str) -> str:
+    """What a reader sees of Markdown made inert by `app.text.md`: escapes and word joiners gone."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown).replace("\u2060", "").replace("  \n", "\n")
 
 
 def register_models() -> None:
@@ -113,7 +119,7 @@ def html_of(at: AppTest) -> list[str]:
 def texts(at: AppTest) -> str:
     parts = [m.value for m in at.markdown] + [c.value for c in at.caption] + [i.value for i in at.info]
     parts += [w.value for w in at.warning] + [s.value for s in at.success]
-    return "\n".join(str(p) for p in parts)
+    return shown("\n".join(str(p) for p in parts))
 
 
 def wait_jobs(svc: Service, timeout: float = 120.0) -> None:
@@ -179,7 +185,7 @@ def test_runs_page_shows_an_unknown_model_as_one_line() -> None:
     by_label(at.multiselect, "Model(s)").set_value(["nosuch-model"])
     at.form_submit_button[0].click().run()
     assert not at.exception
-    assert any("unknown model 'nosuch-model'" in e.value for e in at.error)
+    assert any("unknown model 'nosuch-model'" in shown(e.value) for e in at.error)
 
 
 def test_unfinished_run_offers_resume(world: World, svc: Service) -> None:
@@ -278,7 +284,7 @@ def test_review_edit_that_breaks_the_harness_is_refused_clearly(world: World, sv
     at.text_area(key=f"edit:{pid}:{path}").input("def solve(task, model, harness):\n    return (\n").run()
     at.button(key=f"save:{pid}").click().run()
     assert not at.exception
-    assert [e.value for e in at.error] == [f"edit of {pid}/{path}:2: syntax error: '(' was never closed"]
+    assert [shown(e.value) for e in at.error] == [f"edit of {pid}/{path}:2: syntax error: '(' was never closed"]
     assert svc.get_proposal(pid).status == "pending"
 
 
@@ -368,7 +374,7 @@ def test_evolution_whose_job_died_says_so_and_offers_resume(svc: Service) -> Non
     at = AppTest.from_file(str(MAIN), default_timeout=60).run()
     at.switch_page("../pages/5_evolution.py").run()
     assert not at.exception
-    assert "The evolution's background job failed: ModelError: backend went away" in [e.value for e in at.error]
+    assert "The evolution's background job failed: ModelError: backend went away" in [shown(e.value) for e in at.error]
     assert at.button(key=f"resume:{evo.id}")
 
 
@@ -390,12 +396,12 @@ def test_harnesses_export_and_import(world: World, svc: Service) -> None:
     uploader = at.file_uploader[0]
     uploader.set_value(("evil.zip", _zip({"../../escape.py": b"print('x')"}), "application/zip")).run()
     assert not at.exception
-    assert any("evil.zip was refused" in e.value for e in at.error)
+    assert any("evil.zip was refused" in shown(e.value) for e in at.error)
     at.file_uploader[0].set_value(("garbage.zip", b"this is not a zip", "application/zip")).run()
-    assert any("garbage.zip was refused" in e.value for e in at.error)
+    assert any("garbage.zip was refused" in shown(e.value) for e in at.error)
     at.file_uploader[0].set_value(("good.zip", exported, "application/zip")).run()
     assert_clean(at)
-    assert any("Imported good.zip as version" in s.value for s in at.success)
+    assert any("Imported good.zip as version" in shown(s.value) for s in at.success)
 
 
 def test_harness_lineage_and_diff_between_versions(world: World, svc: Service) -> None:
@@ -462,3 +468,23 @@ def test_error_text_is_one_line_without_traceback() -> None:
     assert error_text(InputError("bad zip", path="x.zip")) == "x.zip: bad zip"
     line = error_text(RuntimeError("boom\nTraceback (most recent call last): ..."))
     assert line.startswith("Unexpected RuntimeError: boom") and "Traceback" not in line
+
+
+def test_a_run_executed_elsewhere_says_so_and_offers_no_resume(world: World, svc: Service) -> None:
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3))
+    svc.store.acquire_lease(f"run:{run.id}", "pid 4242 on build-7 (run) #c0ffee", 60.0)
+    at = open_page("1_runs")
+    assert f"{run.id} is running elsewhere (held by pid 4242 on build-7 (run) #c0ffee)" in texts(at)
+    assert not [b for b in at.button if b.key == f"resume:{run.id}"]
+    with pytest.raises(Exception, match="running elsewhere"):
+        svc.start_resume_job(run.id)  # a stale page's button is refused the same way
+
+
+def test_an_evolution_executed_elsewhere_says_so_and_offers_no_resume(svc: Service) -> None:
+    evo = _evolution("ecdysis", [5.0], [10], 0.5)
+    evo.status = "running"
+    svc.store.save_evolution(evo)
+    svc.store.acquire_lease(f"evolution:{evo.id}", "pid 4242 on build-7 (evolve) #c0ffee", 60.0)
+    at = open_page("5_evolution")
+    assert "running elsewhere (held by pid 4242 on build-7 (evolve) #c0ffee)" in texts(at)
+    assert not [b for b in at.button if b.key == f"resume:{evo.id}"]

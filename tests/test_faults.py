@@ -36,15 +36,23 @@ from servers.openai_stub import MisbehavingOpenAI
 from servers.proc_tree import alive, descendants
 
 ROOT = Path(__file__).resolve().parent.parent
+LEASE_TTL_S = 1.0
 
 
 # ---------------------------------------------------------------- helpers
 
 
+@pytest.fixture(autouse=True)
+def short_leases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process engines too: a "dead" one's lease lapses after LEASE_TTL_S."""
+    monkeypatch.setenv("ECDYSIS_LEASE_TTL", str(LEASE_TTL_S))
+
+
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.endswith("_API_KEY") and not k.startswith(("ECDYSIS_", "OPENAI_", "ANTHROPIC_"))}
-    env.update(ECDYSIS_HOME=str(home), PYTHONPATH=str(ROOT), **extra)
+    # A killed engine's lease lapses after this long; a resume before that is refused (test_exactly_once).
+    env.update(ECDYSIS_HOME=str(home), PYTHONPATH=str(ROOT), ECDYSIS_LEASE_TTL=str(LEASE_TTL_S), **extra)
     return env
 
 
@@ -98,6 +106,7 @@ def _kill(proc: subprocess.Popen[str]) -> list[int]:
     while any(alive(p) for p in sandboxes) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p for p in sandboxes if alive(p)], "a harness process outlived the killed engine"
+    time.sleep(LEASE_TTL_S + 0.1)  # the dead engine's lease lapses: only then may a resume take over
     return sandboxes
 
 
@@ -370,6 +379,7 @@ def _resume(db: Path, evolution_id: str) -> None:
     from ecdysis.evolve import Evolver
     from ecdysis.service import Service
     from storage import open_store
+    time.sleep(LEASE_TTL_S + 0.1)  # the "dead" evolution's lease lapses first
     store = open_store(f"sqlite:///{db}")
     try:
         assert Evolver(Service(store), poll_s=0).run(evolution_id).status == "done"
@@ -380,9 +390,8 @@ def _resume(db: Path, evolution_id: str) -> None:
 CRASH_POINTS = [
     ("create_run", 1),          # a run exists that no cursor names yet
     ("save_results", 3),        # mid-batch
-    ("save_diagnosis", 1),      # a diagnosis without its proposals
-    ("save_proposal", 1),       # a diagnosis with some of its proposals
-    ("save_decision", 1),       # a decision whose proposal still reads "pending"
+    ("save_report", 1),         # a diagnosis with its proposals, the cursor still in "diagnose"
+    ("decide_proposal", 1),     # a decision recorded, the cursor still in "gate"
     ("put_harness", 2),         # the composed candidate, before its proposals read "applied"
     ("set_proposal_status", 2), # proposals "applied", the cursor still in "apply"
     ("update_harness", 1),      # the gate's verdict on the candidate, before the iteration row

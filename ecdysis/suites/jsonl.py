@@ -8,6 +8,10 @@ Format, one JSON object per line (blank lines are skipped but still counted):
     {"id": "q1", "input": "2+2?", "target": "4", "category": "math", "split": "test",
      "choices": ["3", "4"], "fields": {"source": "..."}}
 
+A line holds at most `MAX_LINE_BYTES` (256 KiB) of UTF-8: a task bigger than that is not a prompt
+any model here takes, and it would be sent and stored whole. Integers have at most 4,300 digits
+(Python's limit for converting them to text).
+
 `input` (string) and `target` (string, or a number, which is kept as its JSON text) are required;
 `id` defaults to `line-N` (N = line number). When `choices` are given the target must be one of
 them. Any other key is an error, so a typo cannot silently drop data: put extras under `fields`.
@@ -31,6 +35,7 @@ from ecdysis.suites import scorers
 from ecdysis.suites.builtin import builtin_suite_names
 
 HEADER_KEY = "ecdysis_suite"
+MAX_LINE_BYTES = 256 * 1024
 INSTANCE_KEYS = ("id", "input", "target", "choices", "category", "split", "fields")
 _HEADER_KEYS = ("name", "scorer", "description")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -111,6 +116,9 @@ def _objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         line = line.removesuffix("\r")
         if not line.strip():
             continue
+        if len(line) > MAX_LINE_BYTES or len(line.encode("utf-8", "surrogatepass")) > MAX_LINE_BYTES:
+            raise InputError(f"the line is longer than {MAX_LINE_BYTES // 1024} KiB", path=str(path), line=lineno,
+                             hint="a task must fit in a prompt; shorten it or split the instance")
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -118,6 +126,9 @@ def _objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                              line=lineno) from exc
         except RecursionError as exc:
             raise InputError("the JSON is nested too deeply", path=str(path), line=lineno) from exc
+        except ValueError as exc:  # an integer beyond Python's int <-> str limit (4,300 digits)
+            raise InputError("a number is too long (more than 4,300 digits)", path=str(path), line=lineno,
+                             hint="write it as a string if it must be that long") from exc
         if not isinstance(obj, dict):
             raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=str(path), line=lineno)
         if not _encodable(line, obj):

@@ -10,7 +10,10 @@ Kinds (`SCORERS`; adding one is a function plus a line in that dict):
   default 1e-6).
 - `multiple_choice` — the answer is the target choice's text, its letter ("B", "(B)", "B.", "B)")
   or the letter followed by the text ("(B) 05/01/2021"); needs `instance.choices`.
-- `regex` — option `pattern` fullmatches the stripped answer; option `ignore_case` (bool).
+- `regex` — option `pattern` fullmatches the stripped answer; option `ignore_case` (bool). A
+  pattern that can backtrack exponentially is refused (`check_pattern`): a quantifier over a part
+  that holds another quantifier, such as `^(a+)+$`, must be possessive (`(a+)++`) or atomic
+  (`(?>(a+)+)`), which Python's `re` supports since 3.11.
 - `by_category` — a mixed suite: option `categories` maps category -> {"kind", "options"}, and
   option `default` (same shape) covers any other category. `resolve` gives the spec actually used.
 
@@ -20,8 +23,11 @@ spec, not in `Instance.fields`, because fields reach the harness and aliases are
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import re._constants as _sre  # the parse tree's opcodes: how `check_pattern` reads a pattern
+import re._parser as _sre_parser
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -126,11 +132,64 @@ def regex(answer: str, instance: Instance, options: Mapping[str, Any]) -> bool:
     if not isinstance(pattern, str) or not pattern:
         raise ConfigError("the regex scorer needs a `pattern` option", hint='e.g. {"pattern": "\\\\d+"}')
     flags = re.IGNORECASE if options.get("ignore_case") else 0
+    return _compiled(pattern, flags).fullmatch(answer.strip()) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str, flags: int) -> re.Pattern[str]:
     try:
         compiled = re.compile(pattern, flags)
-    except re.error as exc:
+    except (re.error, RecursionError, OverflowError) as exc:
         raise ConfigError(f"regex scorer pattern {pattern!r} does not compile: {exc}") from exc
-    return compiled.fullmatch(answer.strip()) is not None
+    check_pattern(pattern, flags)
+    return compiled
+
+
+# sre parse-tree opcodes of a backtracking repeat, and of the constructs that never backtrack into.
+_REPEATS = {_sre.MAX_REPEAT, _sre.MIN_REPEAT}
+_NO_BACKTRACK = {_sre.POSSESSIVE_REPEAT, _sre.ATOMIC_GROUP}
+
+
+def check_pattern(pattern: str, flags: int = 0) -> None:
+    """Raise `ConfigError` for a pattern that can take exponential time (Python's `re` cannot be
+    stopped once it matches): a repeat that can run more than once over a subpattern that holds
+    another such repeat, neither possessive nor atomic. `(ab+)+` and `(a+)+` are refused; `\\d+`,
+    `(ab)+`, `(?:a|b)+`, `(a++)+`, `(?>(a+)+)` and `\\d{1,3}(,\\d{3})*` pass. Overlapping
+    alternatives under a repeat (`(a|aa)+`) are not detected."""
+    try:
+        tree = _sre_parser.parse(pattern, flags)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise ConfigError(f"regex scorer pattern {pattern!r} does not compile: {exc}") from exc
+    if _nested_repeat(list(tree), inside_repeat=False):
+        raise ConfigError(f"regex scorer pattern {pattern!r} nests quantifiers, which can backtrack for minutes",
+                          hint="make the outer or inner quantifier possessive (`++`, `*+`) or the group atomic "
+                               "(`(?>...)`), or drop the nesting")
+
+
+def _nested_repeat(items: list[Any], *, inside_repeat: bool) -> bool:
+    for op, arg in items:
+        if op in _NO_BACKTRACK:
+            continue
+        if op in _REPEATS:
+            low, high, body = arg
+            repeats = high > 1 and low != high  # a fixed count ({3}) leaves nothing to backtrack over
+            if repeats and inside_repeat:
+                return True
+            if _nested_repeat(list(body), inside_repeat=inside_repeat or repeats):
+                return True
+        elif op == _sre.SUBPATTERN:
+            if _nested_repeat(list(arg[-1]), inside_repeat=inside_repeat):
+                return True
+        elif op == _sre.BRANCH:
+            if any(_nested_repeat(list(branch), inside_repeat=inside_repeat) for branch in arg[1]):
+                return True
+        elif op == _sre.GROUPREF_EXISTS:
+            if any(b is not None and _nested_repeat(list(b), inside_repeat=inside_repeat) for b in arg[1:]):
+                return True
+        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
+            if _nested_repeat(list(arg[1]), inside_repeat=inside_repeat):
+                return True
+    return False
 
 
 def by_category(answer: str, instance: Instance, options: Mapping[str, Any]) -> bool:
@@ -154,6 +213,8 @@ def check_spec(spec: ScorerSpec) -> ScorerSpec:
     """Raise `ConfigError` unless `spec` (and, for `by_category`, each inner spec) names a known kind."""
     if spec.kind not in SCORERS:
         raise _unknown_kind(spec.kind)
+    if spec.kind == "regex" and isinstance(spec.options.get("pattern"), str):
+        _compiled(spec.options["pattern"], re.IGNORECASE if spec.options.get("ignore_case") else 0)
     if spec.kind == "by_category":
         inner = list((spec.options.get("categories") or {}).values())
         if spec.options.get("default") is not None:
