@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import cpu_counters, load_average, steal_pct  # noqa: E402
+from machine import cpu_counters, load_average, now, steal_pct, write_results  # noqa: E402
 
 SUITE = "reasoning-mix"
 DEFAULT_MODELS = ("qwen2.5-coder-0.5b", "smollm2")
@@ -268,12 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         for model in models:
             result["models"][model] = bench_model(model, args.n, args.rounds, threads, args.unadmitted, Path(tmp))
     result["meta"] = {"cpus": os.cpu_count(), "threads": threads, "instances": args.n, "rounds": args.rounds,
-                      "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "embedded_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (args.out / "embedded_throughput.md").write_text(table)
-    print(table)
+                      "python": platform.python_version(), "date": now()}
+    write_results(args.out, "embedded_throughput", result, markdown(result))
     return 0
 
 

@@ -3,7 +3,11 @@ hypervisor gave to other guests (steal). Every timing figure is recorded next to
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from pathlib import Path
+from typing import Any
 
 
 def cpu_counters() -> list[int] | None:
@@ -26,3 +30,15 @@ def steal_pct(before: list[int] | None, after: list[int] | None) -> float | None
 
 def load_average() -> float:
     return round(os.getloadavg()[0], 2)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def write_results(out: Path, name: str, result: dict[str, Any], table: str) -> None:
+    """`out/name.json` (the figures) and `out/name.md` (the table the README shows), then print it."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{name}.md").write_text(table)
+    print(table)

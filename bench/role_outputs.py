@@ -19,7 +19,6 @@ Run: `.venv/bin/python bench/role_outputs.py [--roles qwen2.5-coder-1.5b] [--mod
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import cpu_counters, load_average, steal_pct  # noqa: E402
+from machine import cpu_counters, load_average, now, steal_pct, write_results  # noqa: E402
 
 ROLES = ("investigator", "attributor", "proposer", "critic")
 DEFAULT_SUITES = ("reasoning-mix", "bigbench:logical_deduction/three_objects", "bigbench:navigate",
@@ -156,13 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                        "load_before": load_before,
                        "load_after": None if args.tally_only else load_average(),
                        "steal_pct": steal_pct(cpu_before, cpu_counters()),
-                       "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
+                       "cpus": os.cpu_count(), "date": now()}}
     svc.store.close()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "role_outputs.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (args.out / "role_outputs.md").write_text(table)
-    print(table)
+    write_results(args.out, "role_outputs", result, markdown(result))
     return 0
 
 

@@ -33,6 +33,15 @@ def _env_float(name: str, default: float) -> float:
         raise ConfigError(f"{name}={raw!r} is not a number", hint=f"unset {name} or give a number")
 
 
+def cache_dir(env: str, *parts: str) -> Path:
+    """A machine-wide folder outside the clone: `$env` if set, else ~/.cache/ecdysis/PARTS (or
+    under XDG_CACHE_HOME). For what is fetched or shared once per machine, not once per checkout."""
+    configured = os.environ.get(env)
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").joinpath("ecdysis", *parts)
+
+
 def _env_names(name: str, default: tuple[str, ...]) -> tuple[str, ...]:
     raw = os.environ.get(name)
     names = tuple(dict.fromkeys(n.strip() for n in (raw or "").split(",") if n.strip()))

@@ -22,13 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ecdysis.settings import cache_dir
+
 
 def admission_dir() -> Path:
-    configured = os.environ.get("ECDYSIS_ADMISSION_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "ecdysis" / "admission"
+    return cache_dir("ECDYSIS_ADMISSION_DIR", "admission")
 
 
 def slot_count(threads: int, cores: int | None = None) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from ecdysis.errors import ConfigError
+from ecdysis.settings import cache_dir
 
 SETUP_HINT = "run `make setup` (or `python scripts/fetch_models.py`) once on this machine"
 
@@ -59,11 +60,7 @@ CHUNKED: dict[str, ChunkedWeights] = {
 
 def models_dir() -> Path:
     """ECDYSIS_MODELS_DIR, else ~/.cache/ecdysis/models: once per machine, not once per clone."""
-    configured = os.environ.get("ECDYSIS_MODELS_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "ecdysis" / "models"
+    return cache_dir("ECDYSIS_MODELS_DIR", "models")
 
 
 def _stamp(path: Path) -> Path:
