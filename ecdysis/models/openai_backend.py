@@ -85,9 +85,10 @@ class OpenAIBackend:
             return self._client.post("/chat/completions", body=params, cast_to=ChatCompletion)
         except openai.APIStatusError as exc:
             if "response_format" in params and self._schema_style == "json_schema" \
-                    and exc.status_code in (400, 422) and "response_format" in f"{exc.message} {exc.body}":
-                # A server that knows only the older JSON mode with a schema (llama-cpp-python's
-                # own server): use that from now on, and ask again once.
+                    and exc.status_code in (400, 422, 500) and "response_format" in f"{exc.message} {exc.body}":
+                # A server that knows only the older JSON mode with a schema: use that from now on,
+                # and ask again once. llama-cpp-python's own server answers its validation error
+                # about `response_format` with a 500, others with 400 or 422.
                 self._schema_style = "json_object"
                 return self._call(request)
             raise self._status_error(exc) from None
