@@ -270,7 +270,9 @@ class _Output:
         self._carry = text[-len(OUTPUT_MARK):]
         self._buf.append(text)
         self._size += len(text)
-        while self._size > 2 * self._limit and len(self._buf) > 1:
+        # Drop whole old reads only while the rest still holds the last `limit` characters: a read
+        # of only the mark after a big one must not leave the tail empty.
+        while self._size - len(self._buf[0]) >= self._limit:
             self._size -= len(self._buf.popleft())
 
     def take(self) -> str:

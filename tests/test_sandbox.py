@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ecdysis.harness import starter_files
-from ecdysis.sandbox import HarnessWorker, SandboxLimits, WorkerPool
+from ecdysis.harness_runtime import OUTPUT_MARK
+from ecdysis.sandbox import HarnessWorker, SandboxLimits, WorkerPool, _Output
 
 TASK = {"input": "What is 2 + 2?", "choices": None, "category": "arithmetic", "fields": {}}
 FAST = SandboxLimits(timeout_s=3.0, memory_mb=512)
@@ -82,6 +83,20 @@ def test_megabytes_of_output_are_cut_to_a_tail() -> None:
     assert out.answer == "ok"
     assert out.output_tail.strip().endswith("END")
     assert len(out.output_tail) <= FAST.output_tail
+
+
+def test_output_tail_survives_a_mark_read_on_its_own() -> None:
+    """Under load the runtime's end mark can arrive in a read of its own after a full 64 KiB read
+    of output; the tail must still be the last characters printed (CI once stored it empty)."""
+    tail = _Output(4000)
+    tail.add(b"x" * 65536)
+    tail.add(b"x" * 60000 + b"END OF FLOOD\n")
+    tail.add(OUTPUT_MARK.encode())
+    assert tail.marked
+    text = tail.take()
+    assert text.endswith("END OF FLOOD\n") and len(text) == 4000
+    tail.add(b"small\n")
+    assert tail.take() == "small\n"
 
 
 def test_harness_that_fails_to_import_fails_each_instance_quickly() -> None:
