@@ -1,121 +1,296 @@
-"""Ecdysis vs iterative per-instance search, side by side: same suite, models, seeds, budgets and
-role backend, one process. Writes a JSON and a Markdown table (bench/results/ by default).
+"""Ecdysis against the per-instance search and the paper's Self-Evolution baseline, on the same
+budget in model calls, over several seeds (different train windows) and suites.
 
-    .venv/bin/python bench/compare_strategies.py                 # default size, embedded SmolLM2
-    .venv/bin/python bench/compare_strategies.py --model smollm2 --model gemma3-270m --iterations 4
+    .venv/bin/python bench/compare_strategies.py                       # the full benchmark
+    .venv/bin/python bench/compare_strategies.py --quick --model scripted:FILE   # a smoke run (tests)
 
-Speedup = the per-instance search's training time to reach Ecdysis's final validation accuracy
-(its whole training time, marked as a lower bound, if it never does) / Ecdysis's training time to
-reach that accuracy. The accuracy delta is on the sealed test split, scored once per strategy."""
+Fairness:
+- One database, so one response cache, for every strategy and seed: the starter harness's
+  validation and test runs are made once. Every strategy is charged for every call it uses, cached
+  or not (`EvolveConfig.charge_cached`), and for model time by the latency recorded when the call
+  was made, so none rides for free on another's calls.
+- The same budget of model calls (instances, roles, smoke runs, screening, validation); a strategy
+  that spends it stops where it stands and its kept version goes to the sealed test
+  (`Evolver.seal`). The sealed test is not charged to training.
+- Human time does not exist here (auto-approval), and no wall time is compared: time is charged
+  model seconds.
+
+Figures, per suite and baseline B:
+- held-out test accuracy per strategy: the mean over seeds, with a 95 % bootstrap interval
+  (test instances resampled within each seed, the seeds kept);
+- test delta (Ecdysis - B) in points: paired on the same test instances, same interval;
+- time to target: the calls (and charged model seconds) each strategy spent before its validation
+  accuracy first reached B's final validation accuracy; speedup = B's / Ecdysis's. A target B
+  never raised above the starter harness makes the speedup undefined (None), and a target Ecdysis
+  never reached makes it 0 for that seed."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.machine import cpu_counters, load_average, now, steal_pct, write_results  # noqa: E402
 
-def run_strategy(svc: Any, strategy: str, args: argparse.Namespace) -> dict[str, Any]:
-    from ecdysis.evolve import EvolveConfig, Evolver, summary
-    cfg = EvolveConfig(suite=args.suite, models=args.model, strategy=strategy, iterations=args.iterations,
-                       batch_size=args.batch_size, val_limit=args.val_limit, test_limit=args.test_limit,
-                       auto_approve=True, role_backend=args.roles, max_rounds=3, concurrency=1,
-                       max_model_calls=args.max_model_calls, label=f"bench-{strategy}")
-    evolver = Evolver(svc, events=lambda e: print(f"  [{strategy}] iteration {e['iteration']}: "
-                                                   f"val {e['val_accuracy']} — {e['gate']}", flush=True)
-                      if e["type"] == "iteration_done" else None)
-    started = time.perf_counter()
-    evo = evolver.run(evolver.create(cfg).id)
-    out = summary(evo)
-    out["total_wall_seconds"] = round(time.perf_counter() - started, 2)
-    out["evaluations"] = sum(1 for r in evo.iterations if r.get("candidate_version"))
-    out["model_calls"] = sum(r["model_calls"] for r in evo.iterations)
-    out["tokens"] = sum(r["tokens"] for r in evo.iterations)
-    out["final_val_accuracy"] = evo.iterations[-1]["val_accuracy"] if evo.iterations else None
+STRATEGIES = ("ecdysis", "per-instance", "self-evolution")
+BASELINES = ("per-instance", "self-evolution")
+NAME = "compare_strategies"
+
+
+@dataclass
+class Point:
+    calls: int
+    seconds: float
+    val_accuracy: float
+
+
+def config(args: argparse.Namespace, suite: str, strategy: str, seed: int, roles: str) -> Any:
+    from ecdysis.evolve import EvolveConfig
+    return EvolveConfig(suite=suite, models=list(args.model), strategy=strategy, iterations=args.iterations,
+                        batch_size=args.batch_size, val_limit=args.val_limit, test_limit=args.test_limit,
+                        auto_approve=True, role_backend=roles, max_rounds=2, concurrency=1,
+                        max_model_calls=args.budget, charge_cached=True, seed=seed,
+                        label=f"bench:{suite}:{strategy}:{seed}:{roles}")
+
+
+def evolve(svc: Any, cfg: Any) -> Any:
+    """The evolution of this configuration: found finished in the store (a resumed benchmark),
+    continued, or run; sealed where it stands if the budget ran out."""
+    from ecdysis.evolve import Evolver
+    tag = cfg.strategy
+
+    def say(e: dict[str, Any]) -> None:
+        if e["type"] == "iteration_done":
+            print(f"  [{tag} seed {cfg.seed}] iteration {e['iteration']}: val {e['val_accuracy']}, "
+                  f"{e['model_calls']} calls — {e['gate']}", flush=True)
+    evolver = Evolver(svc, events=say)
+    mine = [e for e in svc.store.list_evolutions(limit=1000) if e.config.get("label") == cfg.label]
+    evo = mine[0] if mine else evolver.create(cfg)
+    if evo.status in ("running", "failed") or not mine:
+        evo = evolver.run(evo.id)
+    if evo.status == "stopped":
+        evo = evolver.seal(evo.id)
+    return evo
+
+
+def base_val(svc: Any, args: argparse.Namespace, suite: str) -> float:
+    """The starter harness's validation accuracy (the curves' starting point), run once."""
+    from ecdysis.budget import CallBudget
+    from ecdysis.harness import ensure_starter
+    from ecdysis.runner import Runner, pick_instances
+    instances = pick_instances(svc.suite(suite), "validation", args.val_limit)
+    starter = ensure_starter(svc.store)
+    correct = total = 0
+    for model in args.model:
+        run = Runner(svc.store, limits=svc.limits()).create(svc.suite(suite), model, starter, split="validation",
+                                                            label=f"bench:{suite}:base-val", instances=instances)
+        svc.execute_run(run.id, budget=CallBudget())
+        results = svc.store.get_results(run.id)
+        correct += sum(r.correct for r in results)
+        total += len(results)
+    return round(correct / total, 4) if total else 0.0
+
+
+def curve(evo: Any, start: float) -> list[Point]:
+    """Validation accuracy of the kept version after each iteration, against what was spent."""
+    points, calls, seconds, acc = [Point(0, 0.0, start)], 0, 0.0, start
+    for row in evo.iterations:
+        calls += row["model_calls"]
+        seconds += row.get("model_seconds", 0.0)
+        if row.get("val_accuracy") is not None:
+            acc = row["val_accuracy"]
+        points.append(Point(calls, round(seconds, 3), acc))
+    return points
+
+
+def reach(points: Sequence[Point], target: float) -> Point | None:
+    return next((p for p in points if p.val_accuracy >= target - 1e-9), None)
+
+
+def outcomes(svc: Any, run_ids: Sequence[str]) -> dict[tuple[str, str], float]:
+    return {(r.model, r.instance_id): float(r.correct) for rid in run_ids for r in svc.store.get_results(rid)}
+
+
+def bootstrap(per_seed: list[list[float]], rounds: int = 2000, seed: int = 7) -> tuple[float, list[float]]:
+    """Mean over seeds of each seed's mean, and its 95 % interval, resampling values within seeds."""
+    per_seed = [values for values in per_seed if values]
+    if not per_seed:
+        return 0.0, [0.0, 0.0]
+    rng = random.Random(seed)
+    mean = sum(sum(v) / len(v) for v in per_seed) / len(per_seed)
+    stats = sorted(sum(sum(rng.choices(v, k=len(v))) / len(v) for v in per_seed) / len(per_seed)
+                   for _ in range(rounds))
+    return round(mean, 4), [round(stats[int(0.025 * rounds)], 4), round(stats[int(0.975 * rounds) - 1], 4)]
+
+
+def speedup(base: Sequence[Point], ours: Sequence[Point], start: float) -> dict[str, Any]:
+    target = base[-1].val_accuracy
+    if target <= start + 1e-9:
+        return {"target": target, "calls": None, "seconds": None,
+                "why": "the baseline never raised validation accuracy above the starter harness"}
+    theirs, mine = reach(base, target), reach(ours, target)
+    assert theirs is not None
+    if mine is None:
+        return {"target": target, "calls": 0.0, "seconds": 0.0, "why": "Ecdysis never reached the target"}
+    return {"target": target,
+            "calls": round(theirs.calls / mine.calls, 3) if mine.calls else None,
+            "seconds": round(theirs.seconds / mine.seconds, 3) if mine.seconds else None,
+            "baseline_calls": theirs.calls, "ecdysis_calls": mine.calls,
+            "baseline_seconds": theirs.seconds, "ecdysis_seconds": mine.seconds}
+
+
+def mean(values: Sequence[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return round(sum(got) / len(got), 3) if got else None
+
+
+def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[str, int], Any],
+              start: float) -> dict[str, Any]:
+    seeds = sorted({s for _, s in evos})
+    strategies = sorted({k for k, _ in evos}, key=STRATEGIES.index)
+    out: dict[str, Any] = {"seeds": seeds, "base_val_accuracy": start, "strategies": {}, "comparison": {}}
+    tests = {key: outcomes(svc, evo.result.get("test_runs", [])) for key, evo in evos.items()}
+    curves = {key: curve(evo, start) for key, evo in evos.items()}
+    for name in strategies:
+        per_seed = [list(tests[(name, s)].values()) for s in seeds if (name, s) in tests]
+        m, ci = bootstrap(per_seed)
+        runs = [evos[(name, s)] for s in seeds if (name, s) in evos]
+        out["strategies"][name] = {
+            "test_accuracy": {"mean": m, "ci95": ci},
+            "base_test_accuracy": mean([e.result.get("base_test_accuracy") for e in runs]),
+            "final_val_accuracy": mean([curves[(name, s)][-1].val_accuracy for s in seeds if (name, s) in curves]),
+            "model_calls": mean([e.result.get("spent", {}).get("calls") for e in runs]),
+            "model_seconds": mean([e.result.get("spent", {}).get("seconds") for e in runs]),
+            "iterations": mean([len(e.iterations) for e in runs]),
+            "kept_changes": mean([sum(r.get("kept", 0) for r in e.iterations) for e in runs]),
+            "evolutions": [e.id for e in runs],
+            "per_seed": {str(s): {"test_accuracy": evos[(name, s)].result.get("test_accuracy"),
+                                  "curve": [p.__dict__ for p in curves[(name, s)]]}
+                         for s in seeds if (name, s) in evos}}
+    for base in [b for b in BASELINES if b in strategies and "ecdysis" in strategies]:
+        deltas, ups = [], []
+        for s in seeds:
+            ours, theirs = tests.get(("ecdysis", s), {}), tests.get((base, s), {})
+            keys = sorted(set(ours) & set(theirs))
+            deltas.append([100 * (ours[k] - theirs[k]) for k in keys])
+            if ("ecdysis", s) in curves and (base, s) in curves:
+                ups.append(speedup(curves[(base, s)], curves[("ecdysis", s)], start))
+        m, ci = bootstrap(deltas)
+        out["comparison"][base] = {"test_delta_points": {"mean": m, "ci95": ci},
+                                   "speedup_calls": mean([u["calls"] for u in ups]),
+                                   "speedup_seconds": mean([u["seconds"] for u in ups]),
+                                   "per_seed": ups}
     return out
 
 
-def time_to_reach(result: dict[str, Any], target: float | None) -> tuple[float, bool]:
-    """Cumulative training seconds until validation accuracy first reached `target`."""
-    elapsed = 0.0
-    for row in result["iterations"]:
-        elapsed += row["wall_seconds"]
-        if target is not None and row["val_accuracy"] is not None and row["val_accuracy"] >= target:
-            return elapsed, True
-    return elapsed, False
-
-
-def compare(ec: dict[str, Any], pi: dict[str, Any]) -> dict[str, Any]:
-    target = ec["final_val_accuracy"]
-    t_ec, _ = time_to_reach(ec, target)
-    t_pi, reached = time_to_reach(pi, target)
-    speedup = round(t_pi / t_ec, 2) if t_ec > 0 else None
-    delta = None
-    if ec["test_accuracy"] is not None and pi["test_accuracy"] is not None:
-        delta = round(ec["test_accuracy"] - pi["test_accuracy"], 4)
-    return {"target_val_accuracy": target, "ecdysis_seconds_to_target": round(t_ec, 2),
-            "per_instance_seconds_to_target": round(t_pi, 2), "per_instance_reached_target": reached,
-            "speedup": speedup, "speedup_is_lower_bound": not reached,
-            "test_accuracy_delta": delta,
-            "test_accuracy_delta_points": None if delta is None else round(100 * delta, 2)}
-
-
-def markdown(args: argparse.Namespace, ec: dict[str, Any], pi: dict[str, Any], cmp: dict[str, Any]) -> str:
-    rows = [("training wall time (s)", "train_wall_seconds"), ("model calls", "model_calls"), ("tokens", "tokens"),
-            ("candidate evaluations", "evaluations"), ("final validation accuracy", "final_val_accuracy"),
-            ("held-out test accuracy", "test_accuracy"), ("starter harness test accuracy", "base_test_accuracy"),
-            ("final harness version", "final_version")]
-    lines = [f"Suite `{args.suite}`, models {', '.join(args.model)}, {args.iterations} iterations, "
-             f"batch {args.batch_size}, validation {args.val_limit}, test {args.test_limit}, roles `{args.roles}`.", "",
-             "| | Ecdysis | per-instance |", "|---|---|---|"]
-    lines += [f"| {label} | {ec.get(key)} | {pi.get(key)} |" for label, key in rows]
-    bound = " (lower bound: per-instance never reached it)" if cmp["speedup_is_lower_bound"] else ""
-    lines += ["", f"- speedup to Ecdysis's final validation accuracy ({cmp['target_val_accuracy']}): "
-                  f"**{cmp['speedup']}x**{bound}",
-              f"- held-out test accuracy delta (Ecdysis − per-instance): **{cmp['test_accuracy_delta_points']} points**"]
+def markdown(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    lines = [f"Models {', '.join(cfg['model'])}; {cfg['iterations']} iterations, batch {cfg['batch_size']}, "
+             f"validation {cfg['val_limit']}, test {cfg['test_limit']} (or the whole split if smaller), budget "
+             f"{cfg['budget']} model calls a strategy, seeds {', '.join(map(str, result['seeds']))}; "
+             f"{result['measured']}; load {result['machine']['load_before']}→{result['machine']['load_after']}, "
+             f"CPU steal {result['machine']['steal_pct']} %."]
+    for suite, per in result["suites"].items():
+        for roles, block in per.items():
+            lines += ["", f"**{suite}**, roles `{roles}` (starter harness: validation "
+                          f"{block['base_val_accuracy']}):", "",
+                      "| strategy | test accuracy (95 % CI) | final validation | calls | model s | kept changes |",
+                      "|---|---|---|---:|---:|---:|"]
+            for name, st in block["strategies"].items():
+                t = st["test_accuracy"]
+                lines.append(f"| {name} | {t['mean']:.3f} [{t['ci95'][0]:.3f}, {t['ci95'][1]:.3f}] | "
+                             f"{st['final_val_accuracy']} | {st['model_calls']} | {st['model_seconds']} | "
+                             f"{st['kept_changes']} |")
+            for base, cmp in block["comparison"].items():
+                d = cmp["test_delta_points"]
+                lines.append(f"\n- vs {base}: test delta **{d['mean']:+.1f} points** "
+                             f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]; speedup to its final validation "
+                             f"accuracy **{_x(cmp['speedup_calls'])}** in calls, **{_x(cmp['speedup_seconds'])}** "
+                             f"in model seconds" + _why(cmp))
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def _x(value: float | None) -> str:
+    return "undefined" if value is None else f"{value}x"
+
+
+def _why(cmp: dict[str, Any]) -> str:
+    notes = sorted({u["why"] for u in cmp["per_seed"] if u.get("why")})
+    return f" ({'; '.join(notes)} on some seeds)" if notes else ""
+
+
+def merge(top: dict[str, Any], suite: str, roles: str, block: dict[str, Any]) -> None:
+    top.setdefault("suites", {}).setdefault(suite, {})[roles] = block
+    top["seeds"] = sorted({s for per in top["suites"].values() for b in per.values() for s in b["seeds"]})
+    # The headline shape: the first suite's heuristic-roles figures.
+    first = next(iter(top["suites"].values()))
+    head = first.get("heuristic") or next(iter(first.values()))
+    top["strategies"], top["comparison"] = head["strategies"], head["comparison"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", default="reasoning-mix")
-    parser.add_argument("--model", action="append", help="repeatable (default: smollm2)")
+    parser.add_argument("--suite", action="append", help="repeatable (default: reasoning-mix, bigbench:navigate)")
+    parser.add_argument("--model", action="append", help="repeatable (default: the two-model batch)")
+    parser.add_argument("--strategy", action="append", choices=STRATEGIES, help="repeatable (default: all three)")
+    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=20)
-    parser.add_argument("--val-limit", type=int, default=30)
-    parser.add_argument("--test-limit", type=int, default=40)
-    parser.add_argument("--roles", default="heuristic")
-    parser.add_argument("--max-model-calls", type=int, default=None)
+    parser.add_argument("--val-limit", type=int, default=60)
+    parser.add_argument("--test-limit", type=int, default=100)
+    parser.add_argument("--budget", type=int, default=900, help="model calls per strategy, roles included")
+    parser.add_argument("--llm-roles", default="qwen2.5-coder-1.5b",
+                        help="the local role model of the LLM-roles rows ('' to skip them)")
+    parser.add_argument("--llm-roles-seeds", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="a tiny configuration, for tests")
+    parser.add_argument("--home", default=None, help="data folder (kept: a rerun continues where it stopped)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    parser.add_argument("--home", default=None, help="data folder (default: a fresh temp folder)")
-    args = parser.parse_args()
-    args.model = args.model or ["smollm2"]
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.iterations, args.batch_size, args.val_limit, args.test_limit = 2, 1, 6, 6, 6
+        args.budget, args.llm_roles = 200, ""
     os.environ["ECDYSIS_HOME"] = args.home or tempfile.mkdtemp(prefix="ecdysis-bench-")
     os.environ.pop("ECDYSIS_DATABASE_URL", None)
     from ecdysis.service import Service
+    from ecdysis.settings import Settings
     from storage import open_store
-    results = {}
-    for strategy in ("ecdysis", "per-instance"):
-        # A database (and so a response cache) per strategy: neither may ride on calls the other paid for.
-        svc = Service(open_store(f"sqlite:///{Path(os.environ['ECDYSIS_HOME']) / strategy}.db"))
-        print(f"== {strategy}", flush=True)
-        results[strategy] = run_strategy(svc, strategy, args)
-    cmp = compare(results["ecdysis"], results["per-instance"])
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    payload = {"config": vars(args), "results": results, "comparison": cmp}
-    (out_dir / "compare_strategies.json").write_text(json.dumps(payload, indent=2, default=str))
-    table = markdown(args, results["ecdysis"], results["per-instance"], cmp)
-    (out_dir / "compare_strategies.md").write_text(table)
-    print(table)
+    settings = Settings.from_env()
+    args.model = args.model or list(settings.default_models)
+    args.suite = args.suite or ["reasoning-mix", "bigbench:navigate"]
+    strategies = args.strategy or list(STRATEGIES)
+    svc = Service(open_store(settings.database_url), settings)
+    cpu0, load0, started = cpu_counters(), load_average(), time.perf_counter()
+    result: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in ("home", "out")}}
+    for suite in args.suite:
+        start = base_val(svc, args, suite)
+        plans = [("heuristic", list(range(1, args.seeds + 1)))]
+        if args.llm_roles:
+            plans.append((args.llm_roles, list(range(1, args.llm_roles_seeds + 1))))
+        for roles, seeds in plans:
+            evos = {}
+            for seed in seeds:
+                for name in strategies:
+                    print(f"== {suite} · {name} · seed {seed} · roles {roles}", flush=True)
+                    evos[(name, seed)] = evolve(svc, config(args, suite, name, seed, roles))
+                    # Written after every evolution: a long benchmark stopped midway keeps its figures
+                    # (and `seeds` says which were complete).
+                    done = {k: v for k, v in evos.items() if all((n, k[1]) in evos for n in strategies)}
+                    if done:
+                        merge(result, suite, roles, summarise(svc, args, suite, done, start))
+                        result["machine"] = {"load_before": load0, "load_after": load_average(),
+                                             "steal_pct": steal_pct(cpu0, cpu_counters()), "cores": os.cpu_count()}
+                        result["measured"] = f"{now()}, {round(time.perf_counter() - started)} s in all"
+                        write_results(Path(args.out), NAME, result, markdown(result))
     return 0
 
 

@@ -9,6 +9,7 @@ or `noise` (too small or inconsistent to act on). Every policy here is a small n
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -246,6 +247,10 @@ class ClusterEvidence:
     rates: dict[str, ModelRate]
     consistency: float
     prior: float | None
+    failure_type: str = ""
+    # The probe for well-formed wrong answers: the share of members whose reply states the right
+    # answer somewhere (as a whole word), i.e. that a harness could recover. None: not measured.
+    recoverable: float | None = None
 
 
 @dataclass(frozen=True)
@@ -323,7 +328,9 @@ class ThresholdVerdicts:
        `min_systematicity`, evidence consistency at least `min_consistency_harness` (members that
        do not resemble each other do not name one cause), and either at least two models show it
        on `shared_rate` or more of the instances they ran, or (cross-model evidence unavailable)
-       it spans `min_categories` categories (or the batch has only one);
+       it spans `min_categories` categories (or the batch has only one) and, for well-formed wrong
+       answers, at least `min_recoverable` of the replies state the right answer (a probe that the
+       harness could recover it; without it they agree only on an answer shape);
     4. otherwise noise: it recurs, but too narrowly or too unevenly to justify a harness change."""
 
     min_instances: int = 2
@@ -337,6 +344,7 @@ class ThresholdVerdicts:
     min_categories: int = 2
     min_systematicity: float = 0.4
     min_consistency_harness: float = 0.5
+    min_recoverable: float = 0.5
 
     def judge(self, ev: ClusterEvidence, systematicity: float) -> tuple[Verdict, str]:
         ran = {m: r for m, r in ev.rates.items() if r.ran}
@@ -364,6 +372,13 @@ class ThresholdVerdicts:
                 alone = next(iter(ran), "one model")
                 why = ("only one model was run" if len(ev.batch_models) < 2
                        else "no other model ran these instances")
+                if ev.failure_type == "wrong_answer" and (ev.recoverable or 0.0) < self.min_recoverable:
+                    # Well-formed wrong answers from one model agree only on an answer shape: that is
+                    # the model's knowledge, not the harness, unless the replies hold the right answer.
+                    return "noise", (f"Not attributable to the harness: {alone} gave well-formed but wrong "
+                                     f"answers on {spread}, and {why}; the right answer appears in "
+                                     f"{100 * (ev.recoverable or 0.0):.0f} % of the replies, below the "
+                                     f"{100 * self.min_recoverable:.0f} % that would show the harness could recover it.")
                 return "harness-level", (f"Cross-model evidence unavailable ({why}: {alone}); recurs on "
                                          f"{spread}; systematicity {systematicity:.2f}.")
         rates = ", ".join(_rate_text(m, r) for m, r in sorted(ran.items()))
@@ -670,7 +685,8 @@ def _judge(group: _Group, batch: BatchContext, verdicts: VerdictPolicy, scoring:
         n_failures=len(members), n_instances=len({f.key for f in members}),
         categories=len({f.category for f in members}), batch_categories=len(batch.category_names) or 1,
         batch_instances=len(batch.instance_keys) or len({f.key for f in members}), batch_models=batch.models,
-        rates=rates, consistency=consistency, prior=_prior(group.type, terms, previous))
+        rates=rates, consistency=consistency, prior=_prior(group.type, terms, previous),
+        failure_type=group.type, recoverable=_recoverable(members) if group.type == "wrong_answer" else None)
     systematicity, components = scoring.score(ev)
     verdict, reason = verdicts.judge(ev, systematicity)
     label = _type_label(group.type, members) if group.type_only else _label(group.type, members)
@@ -678,6 +694,15 @@ def _judge(group: _Group, batch: BatchContext, verdicts: VerdictPolicy, scoring:
                    terms=terms, systematicity=systematicity, components=components, verdict=verdict,
                    reason=reason, evidence=_evidence(members, similarity), rates=rates,
                    consistency=consistency)
+
+
+def _recoverable(members: Sequence[Failure]) -> float:
+    """Share of members whose raw reply contains the target as a whole word (so "8" is not found
+    in "$288", nor "plausible" in "implausible")."""
+    def found(f: Failure) -> bool:
+        target = f.target.strip()
+        return bool(target) and re.search(rf"(?<!\w){re.escape(target)}(?!\w)", f.raw_output, re.IGNORECASE) is not None
+    return round(sum(found(f) for f in members) / len(members), 4) if members else 0.0
 
 
 def priority_value(cluster: Cluster) -> float:

@@ -222,7 +222,8 @@ def evolve(
                                                     "not needed with --resume"),
     model: list[str] = typer.Option(None, "--model", help="repeat for several models (cross-model evidence); "
                                                            "default: qwen2.5-coder-0.5b and smollm2"),
-    strategy: str = typer.Option("ecdysis", help="ecdysis | per-instance"),
+    strategy: str = typer.Option("ecdysis", help="ecdysis (batch aggregation) | per-instance | self-evolution "
+                                                 "(the paper's baseline)"),
     iterations: int = typer.Option(3, min=1),
     batch_size: int = typer.Option(30, min=1, help="train instances per iteration"),
     val_limit: Optional[int] = typer.Option(40, help="validation instances compared pairwise"),
@@ -232,6 +233,8 @@ def evolve(
     review: bool = typer.Option(False, "--review", help="decide each proposal at a terminal prompt"),
     gate: str = typer.Option("paired-sign", help="paired-sign | any-improvement"),
     gate_min_net: int = typer.Option(2, help="paired-sign: minimum net instances gained"),
+    min_gain_per_call: float = typer.Option(0.05, help="accuracy (0-1) a change must gain per model call it adds "
+                                                       "per instance, in screening and at the gate"),
     roles: str = typer.Option("heuristic", help="role backend: heuristic, or a model name for LLM roles"),
     max_rounds: int = typer.Option(3, min=1, help="Proposer/Critic rounds per cluster"),
     concurrency: int = typer.Option(1, min=1, max=256),
@@ -258,18 +261,24 @@ def evolve(
                            test_limit=test_limit, harness=harness, auto_approve=auto_approve, gate=gate,
                            gate_min_net=gate_min_net, role_backend=roles, max_rounds=max_rounds,
                            concurrency=concurrency, max_model_calls=max_model_calls, max_tokens=max_tokens,
-                           max_wall_s=max_wall)
+                           max_wall_s=max_wall, min_gain_per_call=min_gain_per_call)
         evo = evolver.run(evolver.create(cfg).id)
     result = summary(evo)
     if as_json:
         _emit_json(result)
         return
-    table = Table("iter", "version", "train", "val", "proposals", "applied", "rolled back", "calls", "tokens", "s")
+    table = Table("iter", "version", "train", "val", "proposals", "screened", "validated", "kept", "calls", "of which roles+smoke",
+                  "tokens", "s")
     for r in result["iterations"]:
         table.add_row(str(r["iteration"]), r["harness_version"], str(r["train_accuracy"]), str(r["val_accuracy"]),
-                      str(r["proposals"]), str(r["applied"]), str(r["rolled_back"]), str(r["model_calls"]),
+                      str(r["proposals"]), str(r.get("screened", 0)), str(r["applied"]), str(r.get("kept", 0)),
+                      str(r["model_calls"]), str(r.get("calls_by_phase", {}).get("diagnose", 0)),
                       str(r["tokens"]), str(r["wall_seconds"]))
     out.print(table)
+    for r in result["iterations"]:
+        for h in r.get("history", []):
+            out.print(f"  iteration {r['iteration']}: {escape(h['operator'] or h['proposal_id'])} — "
+                      f"{h['outcome'].replace('_', ' ')}: {escape(h['why'])}")
     out.print(f"evolution {result['evolution_id']}: {result['status']}; final {result['final_version']}; "
               f"test accuracy {result['test_accuracy']} (base {result['base_test_accuracy']})")
     if result.get("stopped"):

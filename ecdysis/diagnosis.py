@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ecdysis.aggregate import (AgglomerativeTfidf, BatchContext, Cluster, ClusteringPolicy, ThresholdVerdicts,
                                VerdictPolicy, aggregate, priority_value)
+from ecdysis.budget import CallBudget
 from ecdysis.errors import InputError, NotFound
 from ecdysis.failures import Failure, extract_failures
 from ecdysis.models.base import ModelBackend
@@ -177,7 +178,8 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
              previous_clusters: Sequence[Sequence[Cluster | Mapping[str, Any]]] = (),
              current_files: Mapping[str, str] | None = None, limits: SandboxLimits | None = None,
              max_proposals: int | None = None, only_instances: Sequence[str] | None = None,
-             events: Callable[[Event], None] | None = None) -> DiagnosisReport:
+             events: Callable[[Event], None] | None = None, budget: CallBudget | None = None,
+             history: Sequence[Mapping[str, Any]] = ()) -> DiagnosisReport:
     """Diagnose the failures of `run_ids` as one batch.
 
     `role_backend` is "heuristic" (default, offline), a model name or model backend for the LLM
@@ -188,6 +190,9 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
     `current_files` is the harness the patches must apply to (default: the runs' version).
     `only_instances` restricts the diagnosis to those instances' failures and refines every
     cluster whatever its verdict: the per-instance search baseline the paper compares against.
+    `budget` is charged for every role and smoke-run call (and stops them when it runs out).
+    `history` is what earlier iterations of an evolution tried and what became of it (see
+    `CaseFile.history`): the roles see it, and a change that was not kept is not proposed again.
     Raises NotFound/InputError for unknown runs."""
     emit = events or (lambda e: None)
     started = time.perf_counter()
@@ -198,16 +203,18 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
                          verdicts=verdicts or ThresholdVerdicts(), previous_clusters=previous)
     cluster_s = time.perf_counter() - started
     emit({"type": "clustered", "clusters": len(clusters), "failures": len(batch.failures)})
-    backend = make_role_backend(role_backend, store=store, backend_factory=backend_factory)
+    backend = make_role_backend(role_backend, store=store, backend_factory=backend_factory, budget=budget)
     exemplars = sanctioned_exemplars(batch.results, batch.suites, batch.failures)
     instances = {f"{name}/{i.id}": i for name, s in batch.suites.items() for i in s.instances}
     index = DataIndex.build(instances, exemplars)
-    smoke = SmokeRunner(ModelGateway(_resolve_model(smoke_model, batch.runs[0].model, backend_factory), store),
+    smoke = SmokeRunner(ModelGateway(_resolve_model(smoke_model, batch.runs[0].model, backend_factory), store,
+                                     budget=budget),
                         limits or SandboxLimits(timeout_s=60.0),
                         scorers={name: s.scorer for name, s in batch.suites.items()})
     checks = CriticChecks(index, smoke, dict(current_files or batch.harness.files))
     refiner = Refiner(backend, checks, max_rounds=max_rounds, respect_verdicts=only_instances is None)
-    outcomes, proposals = _refine_all(clusters, batch, exemplars, refiner, max_proposals, emit)
+    outcomes, proposals = _refine_all(clusters, batch, exemplars, refiner, max_proposals, emit,
+                                      [dict(h) for h in history])
     report = DiagnosisReport(
         id="d" + uuid.uuid4().hex[:11], run_ids=[r.id for r in batch.runs], harness_version=batch.harness.id,
         models=sorted({r.model for r in batch.runs}), suites=sorted(batch.suites), role_backend=backend.name,
@@ -221,11 +228,13 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
 
 
 def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exemplar], refiner: Refiner,
-                max_proposals: int | None, emit: Callable[[Event], None]
+                max_proposals: int | None, emit: Callable[[Event], None], history: list[dict[str, Any]]
                 ) -> tuple[dict[str, dict[str, Any]], list[Proposal]]:
+    """Each cluster to refine gets the roles in priority order. Clusters that want the same repair
+    (an identical patch) share the first one's proposal instead of being pushed to a different,
+    lesser operator."""
     outcomes: dict[str, dict[str, Any]] = {}
     proposals: list[Proposal] = []
-    taken: list[str] = []
     for cluster in clusters:
         if cluster.verdict != "harness-level" and refiner.respect_verdicts:
             outcomes[cluster.id] = {"proposal_id": None, "no_patch_reason": NO_PATCH[cluster.verdict]}
@@ -236,15 +245,20 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
             continue
         emit({"type": "refining", "cluster_id": cluster.id})
         case = CaseFile(cluster=cluster, files=dict(batch.harness.files), harness_version=batch.harness.id,
-                        batch=batch.context, exemplars=exemplars, taken_operators=list(taken))
+                        batch=batch.context, exemplars=exemplars, history=history)
         outcome: RefineOutcome = refiner.refine(case)
         entry: dict[str, Any] = {"proposal_id": None, "no_patch_reason": outcome.no_patch_reason}
         if outcome.proposal is not None:
+            twin = next((p for p in proposals if p.status == "accepted" == outcome.proposal.status
+                         and p.files == outcome.proposal.files), None)
+            if twin is not None:
+                outcomes[cluster.id] = {"proposal_id": twin.id, "status": twin.status, "no_patch_reason": None,
+                                        "shared_with": twin.cluster_id,
+                                        "transcript": [m.to_json() for m in outcome.proposal.transcript]}
+                continue
             proposals.append(outcome.proposal)
             entry = {"proposal_id": outcome.proposal.id, "status": outcome.proposal.status,
                      "no_patch_reason": None if outcome.proposal.status == "accepted" else outcome.no_patch_reason}
-            if outcome.proposal.status == "accepted" and outcome.proposal.spec.operator:
-                taken.append(outcome.proposal.spec.operator)
         else:
             entry["transcript"] = [m.to_json() for m in outcome.transcript]
         outcomes[cluster.id] = entry

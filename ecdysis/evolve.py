@@ -1,29 +1,41 @@
-"""The evolution loop: batch on train -> diagnose -> human (or auto) gate -> apply -> paired
-validation gate -> keep or roll back, K times; then the sealed test split is scored once.
+"""The evolution loop, K times: batch on train -> diagnose -> human (or auto) gate -> screen each
+approved change alone -> compose and validate (paired against the parent) -> keep or roll back;
+then the sealed test split is scored once.
 
-Two strategies differ only in how feedback is aggregated: `ecdysis` diagnoses the whole batch
-(clusters across instances and models), `per-instance` takes failing instances one at a time.
-Every phase's products are stored before the next starts, so an interrupted evolution resumes
-where it stopped without redoing finished work or losing a decision."""
+The strategies (`ecdysis.strategies`) differ in how the batch is chosen, what is diagnosed,
+whether changes are screened, and whether they are validated one at a time or together.
+
+Every call a strategy makes is charged to the evolution's budget (instances, roles, smoke runs,
+screening, validation) and counted per phase; the sealed test is counted apart. Every phase's
+products are stored before the next starts, so an interrupted evolution resumes where it stopped
+without redoing finished work or losing a decision."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from ecdysis import diagnosis
 from ecdysis.diffs import FileDiff, apply_diffs
 from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, InputError
-from ecdysis.gate import POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, decide
+from ecdysis.gate import (POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, call_cost, cost_shortfall,
+                          decide, paired)
 from ecdysis.harness import harness_id, new_version
 from ecdysis.leases import Held, evolution_key
 from ecdysis.records import Instance, RunRecord
-from ecdysis.runner import CallBudget, EventSink, Runner, check_limit, pick_instances
+from ecdysis.budget import CallBudget
+from ecdysis.runner import EventSink, Runner, check_limit, pick_instances
+from ecdysis.strategies import STRATEGIES as STRATEGY_CLASSES
+from ecdysis.strategies import Strategy, strategy
 from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, HarnessVersion, ProposalRecord
 
-STRATEGIES = ("ecdysis", "per-instance")
+STRATEGIES = tuple(STRATEGY_CLASSES)
+# Which phases' calls an iteration row counts under which name.
+PHASE_GROUP = {"train": "train", "diagnose": "diagnose", "screen": "screen", "validate": "validate"}
 DECIDED_STATUS = {"approve": "approved", "edit": "edited", "reject": "rejected"}
 # Proposal statuses `_compose` (re)applies: "applied" and "superseded" are its own earlier verdicts
 # on them, which a process that died before saving the cursor must be able to reach again.
@@ -54,10 +66,16 @@ class EvolveConfig:
     max_tokens: int | None = None
     max_wall_s: float | None = None
     label: str = ""
+    # A change that adds calls per instance must gain at least this much accuracy (as a fraction)
+    # per extra call per instance, in screening and at the gate: 5-sample voting (4 extra calls)
+    # must gain 20 points.
+    min_gain_per_call: float = 0.05
+    screen_min_net: int = 1        # screening: wins minus losses on the cluster and its guards
+    charge_cached: bool = False    # benchmarks sharing one cache: a cached answer costs its call
+    seed: int = 0                  # != 0: the train split is shuffled by it before batches are cut
 
     def validate(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {self.strategy!r}", hint=f"use one of {', '.join(STRATEGIES)}")
+        strategy(self.strategy)
         if not self.models:
             raise ConfigError("at least one --model is needed")
         if self.iterations < 1 or self.batch_size < 1:
@@ -121,11 +139,11 @@ class Evolver:
         if overrides:
             evo.config.update({k: v for k, v in overrides.items() if v is not None})
         cfg = EvolveConfig(**evo.config)
-        spent = dict(evo.result.setdefault("spent", {"calls": 0, "tokens": 0}))
+        spent = {"calls": 0, "tokens": 0, "seconds": 0.0, **evo.result.setdefault("spent", {})}
         deadline = time.time() + cfg.max_wall_s if cfg.max_wall_s else None
         budget = CallBudget(max_calls=None if cfg.max_model_calls is None else cfg.max_model_calls - spent["calls"],
                             max_tokens=None if cfg.max_tokens is None else cfg.max_tokens - spent["tokens"],
-                            deadline=deadline)
+                            deadline=deadline, charge_cached=cfg.charge_cached)
         # Every save writes what was spent so far, so a killed process does not reset the budget.
         self._spent_before, self._budget = spent, budget
         evo.status = "running"
@@ -156,21 +174,43 @@ class Evolver:
             self._save(evo)
         return evo
 
-    def _spent(self) -> dict[str, int]:
-        """Calls and tokens this evolution has spent, over every process that ran it."""
-        before = getattr(self, "_spent_before", {"calls": 0, "tokens": 0})
+    def _spent(self) -> dict[str, Any]:
+        """Calls, tokens and model seconds this evolution has spent, over every process that ran it."""
+        before = {"calls": 0, "tokens": 0, "seconds": 0.0, **getattr(self, "_spent_before", {})}
         budget = getattr(self, "_budget", None)
         return {"calls": before["calls"] + (budget.calls if budget else 0),
-                "tokens": before["tokens"] + (budget.tokens if budget else 0)}
+                "tokens": before["tokens"] + (budget.tokens if budget else 0),
+                "seconds": round(before["seconds"] + (budget.seconds if budget else 0.0), 3)}
 
     # ------------------------------------------------------------ the phases
 
     def _step(self, evo: EvolutionRecord, cfg: EvolveConfig, budget: CallBudget) -> None:
         cur = evo.result["cursor"]
         phase = cur["phase"]
+        started, waited = time.monotonic(), cur.get("review_wait_s", 0.0)
+        try:
+            self._phase(evo, cfg, budget, cur, phase)
+        finally:
+            # Working time, without what was spent waiting for a human decision.
+            cur["active_s"] = round(cur.get("active_s", 0.0) + time.monotonic() - started
+                                    - (cur.get("review_wait_s", 0.0) - waited), 3)
+        self._save(evo)
+
+    def _phase(self, evo: EvolutionRecord, cfg: EvolveConfig, budget: CallBudget, cur: dict[str, Any],
+               phase: str) -> None:
+        plan = strategy(cfg.strategy)
+        if "queue" not in cur and phase in ("apply", "validate", "judge", "record") and "proposal_ids" in cur:
+            # Stored by a version that composed every change of an iteration at once: that
+            # candidate is this iteration's one step.
+            cur["queue"], cur["step"] = [list(cur["proposal_ids"])], 0
+            if phase == "record" and cur.get("candidate"):
+                self._finish_step(evo, cur, GateVerdict(**cur["verdict"]) if cur.get("verdict") else None)
+        # What this phase spends, counted from its start over every process that worked on it.
+        cur.setdefault("phase_spent_start", self._spent())
         if phase == "train":
             if cur["iteration"] > cfg.iterations:
                 cur.update(phase="test")
+                cur.pop("phase_spent_start", None)
                 return
             cur.setdefault("started", time.time())
             cur.setdefault("spent_at_start", self._spent())
@@ -178,35 +218,72 @@ class Evolver:
             instances = self._train_window(evo, cfg, cur["iteration"])
             runs = self._ensure_runs(cur, "train_runs", version, instances, cfg, budget, split="train", owner=evo.id)
             cur["train_accuracy"] = self._accuracy(runs)
+            failing = self._failing(runs)
+            seen = evo.result.setdefault("failed_train", [])
+            seen += [i for i in failing if i not in seen]
             cur["phase"] = "diagnose"
         elif phase == "diagnose":
             cur.setdefault("diagnose_started", time.time())
             self._save(evo)
-            cur["diagnosis_id"], cur["proposal_ids"] = self._adopt_diagnosis(evo, cur) or self._diagnose(evo, cfg, cur)
+            cur["diagnosis_ids"], cur["proposal_ids"] = self._diagnose_all(evo, cfg, cur, plan, budget)
+            cur["diagnosis_id"] = cur["diagnosis_ids"][0] if cur["diagnosis_ids"] else ""
             cur["phase"] = "gate"
         elif phase == "gate":
             self._gate(cfg, cur["proposal_ids"])
+            cur["phase"] = "screen"
+        elif phase == "screen":
+            cur["queue"] = self._screen_all(evo, cfg, cur, plan, budget)
+            cur.setdefault("step", 0)
             cur["phase"] = "apply"
         elif phase == "apply":
-            cur["candidate"], cur["applied"] = self._compose(evo, cur["proposal_ids"])
-            cur["phase"] = "validate" if cur["candidate"] else "record"
+            if cur["step"] >= len(cur["queue"]):
+                cur["phase"] = "record"
+            else:
+                cur["candidate"], cur["applied"] = self._compose(evo, cur["queue"][cur["step"]])
+                if cur["candidate"]:
+                    cur["phase"] = "validate"
+                else:
+                    self._finish_step(evo, cur, None)
         elif phase == "validate":
             self._validate(evo, cfg, cur, budget)
-            cur["phase"] = "record"
+            cur["phase"] = "judge"
+        elif phase == "judge":
+            self._finish_step(evo, cur, GateVerdict(**cur["verdict"]))
+            cur["phase"] = "apply"
         elif phase == "record":
             self._record(evo, cur, budget)
         elif phase == "test":
-            self._test(evo, cfg, budget)
+            self._test(evo, cfg)
             cur["phase"] = "finished"
-        self._save(evo)
+        if phase in PHASE_GROUP and "phase_spent_start" in cur:
+            start, now = cur.pop("phase_spent_start"), self._spent()
+            by_phase = cur.setdefault("calls_by_phase", {})
+            group = PHASE_GROUP[phase]
+            by_phase[group] = by_phase.get(group, 0) + now["calls"] - start["calls"]
+        else:
+            cur.pop("phase_spent_start", None)
 
     def _train_window(self, evo: EvolutionRecord, cfg: EvolveConfig, iteration: int) -> list[Instance]:
-        """Iteration k sees the k-th window of the train split (wrapping), the same for both
-        strategies, so neither sees more data than the other."""
+        """The strategy's batch for this iteration, from the train split; fixed once chosen (stored
+        in the cursor) so a resume runs the same instances."""
+        cur = evo.result["cursor"]
         train = pick_instances(self.svc.suite(evo.suite), "train", None)
-        size = min(cfg.batch_size, len(train))
-        start = ((iteration - 1) * size) % len(train)
-        return [train[(start + i) % len(train)] for i in range(size)]
+        if cfg.seed:
+            train = sorted(train, key=lambda i: hashlib.sha256(f"{cfg.seed}:{i.id}".encode()).digest())
+        if "batch_ids" not in cur:
+            batch = strategy(cfg.strategy).batch(train, cfg.batch_size, iteration, evo.result.get("failed_train", []))
+            cur["batch_ids"] = [i.id for i in batch]
+        by_id = {i.id: i for i in train}
+        return [by_id[i] for i in cur["batch_ids"] if i in by_id]
+
+    def _failing(self, run_ids: list[str]) -> list[str]:
+        """Instance ids that failed under any model of these runs, in instance order."""
+        out: list[str] = []
+        for rid in run_ids:
+            for r in sorted(self.store.get_results(rid), key=lambda r: r.instance_id):
+                if not r.correct and r.instance_id not in out:
+                    out.append(r.instance_id)
+        return out
 
     def _val_instances(self, evo: EvolutionRecord, cfg: EvolveConfig, split: str = "validation",
                        limit: int | None = None) -> list[Instance]:
@@ -221,15 +298,24 @@ class Evolver:
         # The label names the evolution, iteration and slot, so a run created just before a crash
         # (before the cursor naming it was saved) is found and resumed, not created a second time.
         label = f"{cfg.label or 'evolve'}:{slot}" + (f"@{owner}/{cur.get('iteration', '')}" if owner else "")
+        paid = self._paid_runs()
         for model in cfg.models:
             iids = [i.id for i in instances]
             run_id = (ids.get(model) or self._find_run(version.id, model, iids)
                       or (self._find_run(version.id, model, iids, label=label) if owner else None))
+            if run_id is not None and run_id not in paid and budget.charge_cached:
+                # A finished run made by someone else (another strategy of a benchmark sharing this
+                # database): its calls are charged as if this evolution had made them.
+                budget.check()
+                budget.charge(*self._recorded_cost(run_id))
+            if run_id is not None and run_id not in paid:
+                paid.append(run_id)
             if run_id is None:
                 run = Runner(self.store, limits=self.svc.limits()).create(
                     suite, model, version, split=split, concurrency=cfg.concurrency,
                     label=label, instances=instances)
                 run_id = run.id
+                paid.append(run_id)
             ids[model] = run_id
             self._save_cursor_only(cur)
             run = self.store.get_run(run_id)
@@ -241,6 +327,30 @@ class Evolver:
                         raise Cancelled("stopped by request")
                     raise BudgetExceeded("a budget ran out during a batch")
         return list(ids.values())
+
+    def _paid_runs(self) -> list[str]:
+        """Runs this evolution executed or was charged for (so it is never charged twice)."""
+        evo = getattr(self, "_current", None)
+        return evo.result.setdefault("paid_runs", []) if evo is not None else []
+
+    def _recorded_cost(self, run_id: str) -> tuple[int, int, float]:
+        """Calls, tokens and model seconds a stored run's answers cost when they were made: a
+        cached call at the latency recorded in the cache."""
+        calls = tokens = 0
+        seconds = 0.0
+        for result in self.store.get_results(run_id):
+            for call in result.calls:
+                if call.error:
+                    continue
+                calls += 1
+                tokens += call.prompt_tokens + call.completion_tokens
+                if call.cache_hit:
+                    blob = json.dumps({"model": call.model, **call.request}, sort_keys=True, ensure_ascii=False)
+                    hit = self.store.cache_get(hashlib.sha256(blob.encode()).hexdigest())
+                    seconds += hit.latency_s if hit is not None else 0.0
+                else:
+                    seconds += call.latency_s
+        return calls, tokens, seconds
 
     def _find_run(self, version_id: str, model: str, instance_ids: list[str], *,
                   label: str | None = None) -> str | None:
@@ -259,37 +369,52 @@ class Evolver:
     def _outcomes(self, run_ids: list[str]) -> dict[PairKey, bool]:
         return {(r.model, r.instance_id): r.correct for rid in run_ids for r in self.store.get_results(rid)}
 
-    def _diagnose(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any]) -> tuple[str, list[str]]:
+    def _diagnose_all(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], plan: Strategy,
+                      budget: CallBudget) -> tuple[list[str], list[str]]:
+        """The strategy's diagnoses of this batch (the whole batch, or failing instances alone),
+        each stored with its proposals before the next starts; the proposal ids, in order."""
         run_ids = list(cur["train_runs"].values())
-        previous = [d.report.get("clusters", []) for d in self._past_diagnoses(evo)]
-        only: list[str] | None = None
-        if cfg.strategy == "per-instance":
-            only = cur.get("only_instances") or self._next_failing_instance(evo, run_ids)
-            if only is None:
-                return "", []
-            cur["only_instances"] = only
-            self._save(evo)  # the instance is marked tried before a diagnosis of it can be stored
-        # Per-instance search sees one failing instance's feedback and repairs it, whatever a
-        # cross-instance view would say: that is the baseline's defining property.
+        if "scopes" not in cur:
+            tried = evo.result.setdefault("tried_instances", [])
+            cur["scopes"] = plan.scopes(self._failing(run_ids), tried)
+            tried += [i for scope in cur["scopes"] if scope for i in scope if i not in tried]
+            self._save(evo)  # the instances are marked tried before a diagnosis of them can be stored
+        done: dict[str, str] = cur.setdefault("diagnosed", {})
+        for n, scope in enumerate(cur["scopes"]):
+            if str(n) in done:
+                continue
+            adopted = self._adopt_diagnosis(evo, cur, scope)
+            done[str(n)] = adopted if adopted is not None else self._diagnose(evo, cfg, run_ids, scope, plan, budget)
+            self._save_cursor_only(cur)
+        ids = [done[str(n)] for n in range(len(cur["scopes"]))]
+        proposals = [p.id for d in ids for p in self.store.list_proposals(diagnosis_id=d)]
+        return ids, proposals
+
+    def _diagnose(self, evo: EvolutionRecord, cfg: EvolveConfig, run_ids: list[str], scope: list[str] | None,
+                  plan: Strategy, budget: CallBudget) -> str:
+        # Per-instance scopes see one failing instance's feedback and repair it, whatever a
+        # cross-instance view would say: that is those baselines' defining property.
         report = diagnosis.diagnose(self.store, run_ids, suite_loader=self.svc.suite,
                                     role_backend=cfg.role_backend, smoke_model=self.svc.backend(cfg.models[0]),
-                                    max_rounds=cfg.max_rounds, previous_clusters=previous,
+                                    max_rounds=cfg.max_rounds, previous_clusters=self._previous_clusters(evo),
                                     backend_factory=self.svc.backend, limits=self.svc.limits(),
-                                    only_instances=only, max_proposals=1 if only is not None else None)
+                                    only_instances=scope, max_proposals=plan.max_proposals(scope),
+                                    history=self._history(evo), budget=budget)
+        report.stats["scope"] = scope
         rec = diagnosis.store_report(self.store, report)
         evo.result.setdefault("diagnoses", []).append(rec.id)
-        return rec.id, [p.id for p in self.store.list_proposals(diagnosis_id=rec.id)]
+        return rec.id
 
-    def _adopt_diagnosis(self, evo: EvolutionRecord, cur: dict[str, Any]) -> tuple[str, list[str]] | None:
-        """A diagnosis of this iteration's batch stored by a process that died before it could
-        save the cursor: taken as it is (its missing proposals saved from its report) rather than
-        diagnosed a second time, which would leave the first one's proposals pending forever."""
-        from ecdysis import diagnosis
+    def _adopt_diagnosis(self, evo: EvolutionRecord, cur: dict[str, Any], scope: list[str] | None) -> str | None:
+        """A diagnosis of this scope of this iteration's batch stored by a process that died before
+        it could save the cursor: taken as it is rather than diagnosed a second time, which would
+        leave the first one's proposals pending forever."""
         run_ids = list(cur["train_runs"].values())
         since = float(cur.get("diagnose_started", time.time()))
         known = set(evo.result.get("diagnoses", []))
         for rec in self.store.list_diagnoses(limit=50):
-            if rec.created_at < since or rec.run_ids != run_ids or rec.id in known:
+            if (rec.created_at < since or rec.run_ids != run_ids or rec.id in known
+                    or rec.report.get("stats", {}).get("scope") != scope):
                 continue
             stored = {p.id for p in self.store.list_proposals(diagnosis_id=rec.id)}
             report = diagnosis.DiagnosisReport.from_json(rec.report)
@@ -297,22 +422,24 @@ class Evolver:
                 if proposal.id not in stored:
                     self.store.save_proposal(proposal.to_record(rec.id, created_at=report.created_at))
             evo.result.setdefault("diagnoses", []).append(rec.id)
-            return rec.id, [p.id for p in self.store.list_proposals(diagnosis_id=rec.id)]
+            return rec.id
         return None
 
     def _past_diagnoses(self, evo: EvolutionRecord) -> list[DiagnosisRecord]:
         found = [self.store.get_diagnosis(i) for i in evo.result.get("diagnoses", [])]
         return [d for d in found if d is not None]
 
-    def _next_failing_instance(self, evo: EvolutionRecord, run_ids: list[str]) -> list[str] | None:
-        """Per-instance search: the first failing instance of this batch not tried before."""
-        tried = set(evo.result.setdefault("tried_instances", []))
-        for rid in run_ids:
-            for r in sorted(self.store.get_results(rid), key=lambda r: r.instance_id):
-                if not r.correct and r.instance_id not in tried:
-                    evo.result["tried_instances"].append(r.instance_id)
-                    return [r.instance_id]
-        return None
+    def _previous_clusters(self, evo: EvolutionRecord) -> list[list[dict[str, Any]]]:
+        return [d.report.get("clusters", []) for d in self._past_diagnoses(evo)]
+
+    def _history(self, evo: EvolutionRecord) -> list[dict[str, Any]]:
+        """What earlier iterations tried and what became of it, for the roles: a change a human
+        rejected, that screening found no better, or that the gate rolled back is not proposed
+        again as if it were new."""
+        out: list[dict[str, Any]] = []
+        for row in evo.iterations:
+            out += [dict(h, iteration=row["iteration"]) for h in row.get("history", [])]
+        return out
 
     def _gate(self, cfg: EvolveConfig, proposal_ids: list[str]) -> None:
         pending = [p for p in (self.store.get_proposal(i) for i in proposal_ids) if p and p.status == "pending"]
@@ -340,22 +467,111 @@ class Evolver:
             if self.poll_s <= 0:
                 raise _Waiting(waiting)
             time.sleep(self.poll_s)
+            # Time spent waiting for a human is not training time.
+            cur = self._current.result["cursor"] if getattr(self, "_current", None) else {}
+            cur["review_wait_s"] = cur.get("review_wait_s", 0.0) + self.poll_s
 
-    def _compose(self, evo: EvolutionRecord, proposal_ids: list[str]) -> tuple[str | None, list[dict[str, Any]]]:
-        """Apply every approved or edited proposal, in priority order, onto the current version.
-        A later proposal whose patch no longer applies cleanly is skipped and recorded."""
+    # ------------------------------------------------------------ screening
+
+    def _screen_all(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], plan: Strategy,
+                    budget: CallBudget) -> list[list[str]]:
+        """The order in which approved changes are composed: groups of proposal ids, each group
+        validated as one candidate. With screening, each change is first run alone on its own
+        cluster's instances plus as many currently passing batch instances, paired against the
+        parent's stored outcomes there (free: the same calls are cached); changes that gain
+        nothing there, or too little for the calls they add, go no further."""
+        approved = [pid for pid in cur["proposal_ids"]
+                    if (p := self.store.get_proposal(pid)) is not None and p.status in COMPOSABLE]
+        if not plan.screens:
+            return [[pid] for pid in approved] if plan.one_at_a_time else ([approved] if approved else [])
+        screened: dict[str, dict[str, Any]] = cur.setdefault("screen", {})
+        for pid in approved:
+            if pid not in screened:
+                screened[pid] = self._screen(evo, cfg, cur, pid, budget)
+                self._save_cursor_only(cur)
+        survivors = [pid for pid in approved if screened[pid].get("passed")]
+        # The best measured gain per call first: the first kept change is the one with most evidence.
+        survivors.sort(key=lambda pid: (-screened[pid]["net"], screened[pid]["extra_calls"], approved.index(pid)))
+        return [[pid] for pid in survivors]
+
+    def _screen(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], pid: str,
+                budget: CallBudget) -> dict[str, Any]:
+        proposal = self.store.get_proposal(pid)
+        chosen = approved_files(self.store, proposal) if proposal else None
+        if proposal is None or chosen is None:
+            return {"passed": False, "net": 0, "extra_calls": 0.0, "reason": "no approved files"}
+        base = self.svc.harness(proposal.harness_version)
+        try:
+            candidate = new_version({**base.files, **chosen}, parent=base.id,
+                                    note=f"screening {proposal.spec.get('operator') or pid}", status="candidate")
+        except InputError as exc:
+            return {"passed": False, "net": 0, "extra_calls": 0.0, "reason": f"the patched harness is invalid: {exc}"}
+        if self.store.get_harness(candidate.id) is None:
+            self.store.put_harness(candidate)
+        batch = self._train_window(evo, cfg, cur["iteration"])
+        parent_runs = list(cur["train_runs"].values())
+        parent = self._results(parent_runs)
+        cluster_ids = self._cluster_instances(cur, pid)
+        own = [i for i in batch if i.id in cluster_ids]
+        passing = [i for i in batch if i.id not in cluster_ids
+                   and all(parent.get((m, i.id)) and parent[(m, i.id)].correct for m in cfg.models)]
+        guards = passing[:max(2, len(own))]
+        instances = own + guards
+        if not own:
+            return {"passed": False, "net": 0, "extra_calls": 0.0, "candidate": candidate.id,
+                    "reason": "none of its cluster's instances is in this batch"}
+        runs = self._ensure_runs(cur, f"screen_runs:{pid}", candidate, instances, cfg, budget, split="train",
+                                 owner=evo.id)
+        mine = self._results(runs)
+        keys = sorted(k for k in mine if k in parent)
+        verdict = {k: parent[k].correct for k in keys}, {k: mine[k].correct for k in keys}
+        _, wins, losses = paired(*verdict)
+        cost = call_cost(parent, mine, keys)
+        net = wins - losses
+        result = {"candidate": candidate.id, "instances": len(instances), "cluster_instances": len(own),
+                  "guards": len(guards), "n": len(keys), "wins": wins, "losses": losses, "net": net, **cost}
+        if net < cfg.screen_min_net:
+            why = f"screened alone: net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired) is below {cfg.screen_min_net:+d}"
+            return {**result, "passed": False, "reason": why}
+        short = cost_shortfall(net / max(1, len(keys)), cost["extra_calls"], cfg.min_gain_per_call)
+        if short:
+            return {**result, "passed": False, "reason": f"screened alone: {short}"}
+        return {**result, "passed": True,
+                "reason": f"screened alone: net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired)"}
+
+    def _cluster_instances(self, cur: dict[str, Any], pid: str) -> set[str]:
+        """The instances of every cluster whose repair is this proposal (clusters that want the
+        same repair share one)."""
+        out: set[str] = set()
+        for did in cur.get("diagnosis_ids") or [cur.get("diagnosis_id", "")]:
+            rec = self.store.get_diagnosis(did)
+            for c in (rec.report.get("clusters", []) if rec else []):
+                patch = c.get("patch") or {}
+                if patch.get("proposal_id") == pid:
+                    out |= set(c.get("instances", []))
+        return out
+
+    def _results(self, run_ids: list[str]) -> dict[PairKey, Any]:
+        return {(r.model, r.instance_id): r for rid in run_ids for r in self.store.get_results(rid)}
+
+    # ------------------------------------------------------------ composition and the gate
+
+    def _compose(self, evo: EvolutionRecord, group: list[str]) -> tuple[str | None, list[dict[str, Any]]]:
+        """The current version with the approved (or edited) changes of `group` applied, each as
+        its diff against the version it was proposed for. A change whose patch no longer applies
+        cleanly is skipped and recorded."""
         base = self.svc.harness(evo.current_version)
         files = dict(base.files)
         applied: list[dict[str, Any]] = []
-        for pid in proposal_ids:
+        for pid in group:
             proposal = self.store.get_proposal(pid)
             if proposal is None or proposal.status not in COMPOSABLE:
                 continue
             chosen = approved_files(self.store, proposal)
             if chosen is None:
                 continue  # "applied" by hand outside this evolution, without an approval: not ours
-            target = {**base.files, **chosen}
-            patch = [FileDiff.from_json(d) for d in _diffs_between(base.files, target)]
+            origin = self.store.get_harness(proposal.harness_version) or base
+            patch = [FileDiff.from_json(d) for d in _diffs_between(origin.files, {**origin.files, **chosen})]
             result = apply_diffs(files, patch)
             if not result.ok:
                 self.store.set_proposal_status(pid, "superseded")
@@ -385,68 +601,155 @@ class Evolver:
         instances = self._val_instances(evo, cfg, "validation", cfg.val_limit)
         parent = self.svc.harness(evo.current_version)
         candidate = self.svc.harness(cur["candidate"])
-        parent_runs = self._ensure_runs(cur, "val_parent_runs", parent, instances, cfg, budget, split="validation",
-                                        owner=evo.id)
-        cand_runs = self._ensure_runs(cur, "val_candidate_runs", candidate, instances, cfg, budget, split="validation",
-                                      owner=evo.id)
-        verdict = cfg.policy().judge(self._outcomes(parent_runs), self._outcomes(cand_runs))
+        step = cur.get("step", 0)
+        parent_runs = self._ensure_runs(cur, f"val_parent_runs#{step}", parent, instances, cfg, budget,
+                                        split="validation", owner=evo.id)
+        cand_runs = self._ensure_runs(cur, f"val_candidate_runs#{step}", candidate, instances, cfg, budget,
+                                      split="validation", owner=evo.id)
+        before, after = self._results(parent_runs), self._results(cand_runs)
+        keys = sorted(set(before) & set(after))
+        verdict = cfg.policy().judge({k: before[k].correct for k in keys}, {k: after[k].correct for k in keys})
+        cost = call_cost(before, after, keys)
+        if verdict.accepted:
+            short = cost_shortfall(verdict.candidate_accuracy - verdict.parent_accuracy, cost["extra_calls"],
+                                   cfg.min_gain_per_call)
+            if short:
+                verdict = replace(verdict, accepted=False, reason=f"{verdict.reason}, but {short}")
         cur["verdict"] = verdict.to_json()
+        cur["verdict_cost"] = cost
 
-    def _record(self, evo: EvolutionRecord, cur: dict[str, Any], budget: CallBudget) -> None:
-        verdict = GateVerdict(**cur["verdict"]) if cur.get("verdict") else None
-        parent_id = evo.current_version
+    def _finish_step(self, evo: EvolutionRecord, cur: dict[str, Any], verdict: GateVerdict | None) -> None:
+        """Keep or roll back the step's candidate, note what each change did, and move on."""
         kept = bool(verdict and verdict.accepted)
+        applied = [a for a in cur.get("applied", []) if a.get("applied")]
         measured = None
         if verdict is not None:
             measured = {"val_delta": round(verdict.candidate_accuracy - verdict.parent_accuracy, 4),
                         "wins": verdict.wins, "losses": verdict.losses, "n": verdict.n, "kept": kept,
-                        "jointly_with": sum(1 for a in cur.get("applied", []) if a.get("applied")) - 1}
-        applied = [dict(a, measured=measured) for a in cur.get("applied", []) if a.get("applied")]
+                        "jointly_with": len(applied) - 1, **cur.get("verdict_cost", {})}
+        screened = cur.get("screen", {})
+        step = {"step": cur.get("step", 0), "candidate": cur.get("candidate"), "parent": evo.current_version,
+                "verdict": cur.get("verdict") if verdict is not None else None, "kept": kept,
+                "changes": [dict(a, measured=measured, screened=screened.get(a["proposal_id"])) for a in applied],
+                "skipped": [a for a in cur.get("applied", []) if not a.get("applied")]}
         if cur.get("candidate"):
             cand = self.store.get_harness(cur["candidate"])
             metrics = dict(cand.metrics if cand else {})
             metrics.update(val_accuracy=verdict.candidate_accuracy if verdict else None,
                            parent_val_accuracy=verdict.parent_accuracy if verdict else None,
-                           gate=cur.get("verdict"), applied=applied, models=list(evo.models),
+                           gate=cur.get("verdict"), applied=step["changes"], models=list(evo.models),
                            evolution=evo.id, iteration=cur["iteration"])
-            self.store.update_harness(cur["candidate"], status="accepted" if kept else "rolled_back",
-                                      metrics=metrics)
+            self.store.update_harness(cur["candidate"], status="accepted" if kept else "rolled_back", metrics=metrics)
             if kept:
                 evo.current_version = cur["candidate"]
-        spent0 = cur.get("spent_at_start", {"calls": 0, "tokens": 0})
+        cur.setdefault("steps", []).append(step)
+        cur["step"] = cur.get("step", 0) + 1
+        for key in ("candidate", "applied", "verdict", "verdict_cost"):
+            cur.pop(key, None)
+
+    def _record(self, evo: EvolutionRecord, cur: dict[str, Any], budget: CallBudget) -> None:
+        steps: list[dict[str, Any]] = cur.get("steps", [])
+        verdicts = [GateVerdict(**st["verdict"]) for st in steps if st.get("verdict")]
+        kept_steps = [st for st in steps if st["kept"]]
+        changes = [c for st in steps for c in st["changes"]]
+        val_accuracy = None
+        if verdicts:
+            last_kept = next((GateVerdict(**st["verdict"]) for st in reversed(kept_steps)), None)
+            val_accuracy = last_kept.candidate_accuracy if last_kept else verdicts[0].parent_accuracy
+        spent0 = cur.get("spent_at_start", {"calls": 0, "tokens": 0, "seconds": 0.0})
+        spent = self._spent()
         row = {
             "iteration": cur["iteration"],
             "harness_version": evo.current_version,
-            "parent_version": parent_id,
-            "candidate_version": cur.get("candidate"),
+            "parent_version": steps[0]["parent"] if steps else evo.current_version,
+            "candidate_version": steps[-1]["candidate"] if steps else None,
             "train_accuracy": cur.get("train_accuracy"),
-            "val_accuracy": (verdict.candidate_accuracy if kept else verdict.parent_accuracy) if verdict else None,
+            "val_accuracy": val_accuracy,
             "proposals": len(cur.get("proposal_ids", [])),
-            "applied": len(applied),
-            "rolled_back": bool(cur.get("candidate")) and not kept,
-            "gate": verdict.reason if verdict else "no applicable proposal",
-            "model_calls": self._spent()["calls"] - spent0["calls"],
-            "tokens": self._spent()["tokens"] - spent0["tokens"],
-            "wall_seconds": round(time.time() - cur.get("started", time.time()), 2),
+            "screened": len(cur.get("screen", {})),
+            "applied": len(changes),
+            "kept": sum(len(st["changes"]) for st in kept_steps),
+            "rolled_back": any(st.get("candidate") and not st["kept"] for st in steps),
+            "gate": "; ".join(v.reason for v in verdicts) if verdicts else self._no_candidate_reason(cur),
+            "steps": steps,
+            "history": self._outcomes_of(cur, steps),
+            "model_calls": spent["calls"] - spent0["calls"],
+            "tokens": spent["tokens"] - spent0["tokens"],
+            "model_seconds": round(spent.get("seconds", 0.0) - spent0.get("seconds", 0.0), 3),
+            "calls_by_phase": dict(cur.get("calls_by_phase", {})),
+            "wall_seconds": round(cur.get("active_s", 0.0), 2),  # working time, no waiting for a human
+            "review_wait_seconds": round(cur.get("review_wait_s", 0.0), 2),
             "diagnosis_id": cur.get("diagnosis_id"),
+            "diagnosis_ids": cur.get("diagnosis_ids", []),
         }
         evo.iterations.append(row)
-        self.events({"type": "iteration_done", "evolution_id": evo.id, **row})
+        self.events({"type": "iteration_done", "evolution_id": evo.id,
+                     **{k: v for k, v in row.items() if k not in ("steps", "history")}})
         evo.result["cursor"] = {"iteration": cur["iteration"] + 1, "phase": "train"}
 
-    def _test(self, evo: EvolutionRecord, cfg: EvolveConfig, budget: CallBudget) -> None:
+    def _no_candidate_reason(self, cur: dict[str, Any]) -> str:
+        screened = cur.get("screen", {})
+        if screened and not any(s.get("passed") for s in screened.values()):
+            return "no change survived screening"
+        return "no applicable proposal"
+
+    def _outcomes_of(self, cur: dict[str, Any], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each proposal of the iteration and what became of it, for the roles of later iterations."""
+        fate: dict[str, tuple[str, str]] = {}
+        for pid, sc in cur.get("screen", {}).items():
+            if not sc.get("passed"):
+                fate[pid] = ("screened_out", sc.get("reason", ""))
+        for st in steps:
+            reason = (st.get("verdict") or {}).get("reason", "")
+            for c in st["changes"]:
+                fate[c["proposal_id"]] = ("kept", reason) if st["kept"] else ("rolled_back", reason)
+        out = []
+        for pid in cur.get("proposal_ids", []):
+            p = self.store.get_proposal(pid)
+            if p is None:
+                continue
+            if p.status == "rejected":
+                decisions = self.store.list_decisions(pid)
+                why = decisions[-1].reason if decisions else p.data.get("reason", "")
+                outcome = ("rejected", why)
+            else:
+                outcome = fate.get(pid, ("not_applied", p.status))
+            out.append({"proposal_id": pid, "operator": p.spec.get("operator") or "", "cluster_id": p.cluster_id,
+                        "change": str(p.spec.get("change", ""))[:200], "outcome": outcome[0],
+                        "why": str(outcome[1])[:300]})
+        return out
+
+    def _test(self, evo: EvolutionRecord, cfg: EvolveConfig) -> None:
         """The sealed split: scored once, at the end, for the final and the base version; never
-        used to choose anything."""
+        used to choose anything, and not charged to the training budget (its calls are counted
+        apart, as `test_spent`)."""
         instances = self._val_instances(evo, cfg, "test", cfg.test_limit)
         cur = evo.result["cursor"]
         final = self.svc.harness(evo.current_version)
         base = self.svc.harness(evo.base_version)
-        final_runs = self._ensure_runs(cur, "test_final_runs", final, instances, cfg, budget, split="test", owner=evo.id)
-        base_runs = self._ensure_runs(cur, "test_base_runs", base, instances, cfg, budget, split="test", owner=evo.id)
+        test_budget = CallBudget(charge_cached=cfg.charge_cached)
+        final_runs = self._ensure_runs(cur, "test_final_runs", final, instances, cfg, test_budget, split="test",
+                                       owner=evo.id)
+        base_runs = self._ensure_runs(cur, "test_base_runs", base, instances, cfg, test_budget, split="test",
+                                      owner=evo.id)
         evo.result.update(final_version=final.id, test_accuracy=self._accuracy(final_runs),
                           base_test_accuracy=self._accuracy(base_runs), test_instances=len(instances),
-                          test_runs=final_runs)
+                          test_runs=final_runs, test_base_runs=base_runs,
+                          test_spent={"calls": test_budget.calls, "seconds": round(test_budget.seconds, 3)})
         self.store.update_harness(final.id, metrics={**final.metrics, "test_accuracy": evo.result["test_accuracy"]})
+
+    def seal(self, evolution_id: str) -> EvolutionRecord:
+        """End an evolution that stopped (a budget ran out, or it was cancelled) where it stands:
+        its unfinished iteration is abandoned and the sealed test is scored for the version it has
+        kept so far. For benchmarks that give every strategy the same budget."""
+        evo = self._load(evolution_id)
+        if evo.status not in ("stopped", "waiting"):
+            raise Conflict(f"evolution {evo.id} is {evo.status}; only a stopped one can be sealed early")
+        cur = evo.result["cursor"]
+        evo.result["abandoned"] = {k: cur.get(k) for k in ("iteration", "phase")}
+        evo.result["cursor"] = {"iteration": cur.get("iteration", 1), "phase": "test"}
+        self.store.save_evolution(evo)
+        return self.run(evolution_id)
 
     # ------------------------------------------------------------ persistence
 
@@ -495,5 +798,6 @@ def summary(evo: EvolutionRecord) -> dict[str, Any]:
             "final_version": evo.result.get("final_version", evo.current_version),
             "test_accuracy": evo.result.get("test_accuracy"),
             "base_test_accuracy": evo.result.get("base_test_accuracy"),
-            "spent": evo.result.get("spent"), "stopped": evo.result.get("stopped"),
+            "spent": evo.result.get("spent"), "test_spent": evo.result.get("test_spent"),
+            "stopped": evo.result.get("stopped"),
             "train_wall_seconds": round(sum(r.get("wall_seconds", 0) for r in evo.iterations), 2)}

@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Mapping, Protocol, Sequence
 
 from ecdysis.errors import Conflict, InputError, NotFound
 from ecdysis.harness import validate_files
+from ecdysis.records import InstanceResult
 from ecdysis.store import DecisionKind, DecisionRecord, ProposalRecord, Store
 
 PairKey = tuple[str, str]  # (model, instance_id)
@@ -36,6 +37,30 @@ def paired(parent: dict[PairKey, bool], candidate: dict[PairKey, bool]) -> tuple
     wins = sum(1 for k in keys if candidate[k] and not parent[k])
     losses = sum(1 for k in keys if parent[k] and not candidate[k])
     return keys, wins, losses
+
+
+def call_cost(parent: Mapping[PairKey, InstanceResult], candidate: Mapping[PairKey, InstanceResult],
+              keys: Sequence[PairKey]) -> dict[str, float]:
+    """Model calls per instance of the parent and the candidate on the same instances (cached
+    calls included: the harness made them), and the extra the candidate adds."""
+    if not keys:
+        return {"parent_calls": 0.0, "candidate_calls": 0.0, "extra_calls": 0.0}
+    before = sum(len(parent[k].calls) for k in keys) / len(keys)
+    after = sum(len(candidate[k].calls) for k in keys) / len(keys)
+    return {"parent_calls": round(before, 3), "candidate_calls": round(after, 3),
+            "extra_calls": round(max(0.0, after - before), 3)}
+
+
+def cost_shortfall(gain: float, extra_calls: float, min_gain_per_call: float) -> str | None:
+    """Why a change that adds calls per instance does not pay for them, or None when it does (or
+    adds none). `gain` is the accuracy gained, as a fraction."""
+    if extra_calls <= 0.05:
+        return None
+    needed = min_gain_per_call * extra_calls
+    if gain >= needed:
+        return None
+    return (f"it adds {extra_calls:.2f} model calls per instance and gains {100 * gain:+.1f} points, less than "
+            f"the {100 * needed:.1f} points that many calls must buy ({100 * min_gain_per_call:g} a call)")
 
 
 class AcceptancePolicy(Protocol):

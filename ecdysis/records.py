@@ -120,6 +120,8 @@ class Completion:
     latency_s: float = 0.0
     finish_reason: str = "stop"  # "stop" | "length"
     cache_hit: bool = False
+    # On a cache hit, the latency the call took when it was made (latency_s is then the lookup's).
+    recorded_latency_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ecdysis.budget import CallBudget
 from ecdysis.errors import BudgetExceeded, InputError, ModelError, NotFound
 from ecdysis.executors import Batch, Executor
 from ecdysis.models.base import ModelBackend
@@ -23,42 +24,6 @@ from ecdysis.suites.scorers import score
 
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]
-
-
-class CallBudget:
-    """Shared limits on model calls and tokens across everything one job runs (thread-safe).
-    `None` means unlimited. Cache hits are free and are not charged."""
-
-    def __init__(self, max_calls: int | None = None, max_tokens: int | None = None,
-                 deadline: float | None = None) -> None:
-        self.max_calls = max_calls
-        self.max_tokens = max_tokens
-        self.deadline = deadline
-        self.calls = 0
-        self.tokens = 0
-        self._lock = threading.Lock()
-
-    def check(self) -> None:
-        with self._lock:
-            if self.max_calls is not None and self.calls >= self.max_calls:
-                raise BudgetExceeded(f"model-call budget of {self.max_calls} spent")
-            if self.max_tokens is not None and self.tokens >= self.max_tokens:
-                raise BudgetExceeded(f"token budget of {self.max_tokens} spent")
-            if self.deadline is not None and time.time() >= self.deadline:
-                raise BudgetExceeded("wall-time budget spent")
-
-    def charge(self, calls: int, tokens: int) -> None:
-        with self._lock:
-            self.calls += calls
-            self.tokens += tokens
-
-    @property
-    def exhausted(self) -> bool:
-        try:
-            self.check()
-        except BudgetExceeded:
-            return True
-        return False
 
 
 def check_limit(option: str, limit: int | None) -> None:
@@ -233,8 +198,8 @@ class InstanceRunner:
                                        text="", prompt_tokens=0, completion_tokens=0, latency_s=0.0,
                                        finish_reason="error", cache_hit=False, error=str(exc)))
                 return {"op": "model_error", "message": str(exc)}
-            if budget is not None and not completion.cache_hit:
-                budget.charge(1, completion.prompt_tokens + completion.completion_tokens)
+            if budget is not None:
+                budget.charge_completion(completion)
             calls.append(ModelCall(seq=len(calls), model=gateway.model_id, request=request.to_json(),
                                    text=completion.text, prompt_tokens=completion.prompt_tokens,
                                    completion_tokens=completion.completion_tokens,

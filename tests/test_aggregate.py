@@ -81,6 +81,13 @@ def evidence(**overrides) -> ClusterEvidence:
     (evidence(), "harness-level", "Shared by 2 of 2 models"),
     (evidence(batch_models=["a"], rates={"a": ModelRate(6, 6, 0, 0)}, categories=1), "noise", "too narrowly"),
     (evidence(batch_models=["a"], rates={"a": ModelRate(6, 6, 0, 0)}), "harness-level", "only one model was run"),
+    # Well-formed wrong answers of one model agree only on an answer shape: not the harness's
+    # without a second model or a probe that the replies hold the right answer.
+    (evidence(batch_models=["a"], rates={"a": ModelRate(6, 6, 0, 0)}, failure_type="wrong_answer", recoverable=0.0),
+     "noise", "Not attributable to the harness"),
+    (evidence(batch_models=["a"], rates={"a": ModelRate(6, 6, 0, 0)}, failure_type="wrong_answer", recoverable=0.67),
+     "harness-level", "only one model was run"),
+    (evidence(failure_type="wrong_answer", recoverable=0.0), "harness-level", "Shared by 2 of 2 models"),
 ])
 def test_verdict_policy_branches(ev: ClusterEvidence, verdict: str, needle: str) -> None:
     score, _ = SystematicityScore().score(ev)
@@ -154,3 +161,16 @@ def test_unrelated_slips_are_not_merged() -> None:
     failures, batch = planted_batch(patterns={"noise"})
     merged = aggregate(failures, batch)
     assert all(c.verdict == "noise" for c in merged)
+
+
+def test_the_recoverability_probe_matches_whole_words_only() -> None:
+    """The right answer counts as stated in a reply only as a whole word: "8" is not in "$288",
+    nor "plausible" in "implausible"."""
+    from ecdysis.aggregate import _recoverable
+
+    def wrong(target: str, raw: str) -> Failure:
+        return Failure(run_id="r", suite="s", instance_id=raw[:8], category="c", split="train", model="m",
+                       harness_version="h", type="wrong_answer", excerpt="", signature="", answer="x",
+                       target=target, shape="text", raw_output=raw)
+    assert _recoverable([wrong("8", "It costs $288."), wrong("plausible", "The statement is implausible.")]) == 0.0
+    assert _recoverable([wrong("8", "Maybe 7, or 8."), wrong("plausible", "Plausible, I think.")]) == 1.0

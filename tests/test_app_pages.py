@@ -16,7 +16,7 @@ import re
 import shutil
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -276,6 +276,10 @@ def test_review_edit_updates_the_diff_and_records_the_files(world: World, svc: S
 
 
 def test_review_edit_that_breaks_the_harness_is_refused_clearly(world: World, svc: Service) -> None:
+    # A proposal that changes harness code (the world's clusters both want the prompt-side repair).
+    shared = svc.get_proposal(world.proposal_ids[0])
+    code = svc.store.get_harness(shared.harness_version).files["harness.py"]  # type: ignore[union-attr]
+    svc.store.save_proposal(replace(shared, id="p-code-change", files={"harness.py": code + "\n# clearer\n"}))
     at = open_page("4_review")
     pid = next(p.id for p in svc.proposals(status="pending") if any(f.endswith(".py") for f in p.files))
     by_label(at.selectbox, "Proposal").set_value(pid).run()
@@ -350,7 +354,10 @@ def test_human_gate_waits_for_the_review_page(ecdysis_home: Path, svc: Service) 
     wait_jobs(svc, timeout=180)
     done = svc.get_evolution(evo.id)
     assert done.status == "done" and len(done.iterations) == 1
-    assert done.iterations[0]["applied"] >= 1, "the approved proposals were applied by the evolution"
+    row = done.iterations[0]
+    # every approved proposal was acted on: screened alone, and validated if it gained there
+    assert row["screened"] >= 1 and row["history"], "the approved proposals were taken up by the evolution"
+    assert {h["outcome"] for h in row["history"]} <= {"kept", "rolled_back", "screened_out"}, row["history"]
 
 
 def test_human_gated_evolution_points_to_review(svc: Service) -> None:

@@ -17,7 +17,7 @@ from ecdysis.settings import Settings
 from ecdysis.store import HarnessVersion, Store
 
 if TYPE_CHECKING:
-    from ecdysis.runner import CallBudget
+    from ecdysis.budget import CallBudget
 
 OnResult = Callable[[InstanceResult], None]
 ShouldStop = Callable[[], "str | None"]

@@ -5,19 +5,27 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from ecdysis.models.base import ModelBackend
 from ecdysis.records import Completion, CompletionRequest
 from ecdysis.store import Store
+
+if TYPE_CHECKING:
+    from ecdysis.budget import CallBudget
 
 
 class ModelGateway:
     """Cache first (an identical request is free and reproducible), then the backend, at most
     `backend.max_concurrency` calls at once. Errors are never cached."""
 
-    def __init__(self, backend: ModelBackend, store: Store | None, *, use_cache: bool = True) -> None:
+    def __init__(self, backend: ModelBackend, store: Store | None, *, use_cache: bool = True,
+                 budget: "CallBudget | None" = None) -> None:
         self.backend = backend
         self.store = store
+        # Role and smoke-run calls are charged here; the runner charges its instances' calls itself
+        # (it also records each one in the trajectory), so it passes no budget.
+        self.budget = budget
         self.use_cache = use_cache and store is not None
         self._slots = threading.BoundedSemaphore(max(1, backend.max_concurrency))
 
@@ -32,11 +40,21 @@ class ModelGateway:
             hit = self.store.cache_get(key)  # type: ignore[union-attr]
             if hit is not None:
                 hit.cache_hit = True
+                hit.recorded_latency_s = hit.latency_s
                 hit.latency_s = time.perf_counter() - start
+                self._charge(hit)
                 return hit
+        if self.budget is not None:
+            self.budget.check()
         with self._slots:
             completion = self.backend.complete(request)
         completion.cache_hit = False
+        completion.recorded_latency_s = completion.latency_s
         if self.use_cache:
             self.store.cache_put(key, self.backend.model_id, request.to_json(), completion)  # type: ignore[union-attr]
+        self._charge(completion)
         return completion
+
+    def _charge(self, completion: Completion) -> None:
+        if self.budget is not None:
+            self.budget.charge_completion(completion)

@@ -117,7 +117,18 @@ class CaseFile:
     draft: Draft | None = None
     objections: list[str] = field(default_factory=list)       # the Critic's, for the next round
     tried_operators: list[str] = field(default_factory=list)  # operators already objected to here
-    taken_operators: list[str] = field(default_factory=list)  # proposed for earlier clusters
+    # What earlier iterations of the evolution tried and what became of it: dicts with operator,
+    # change, outcome (kept | rejected | screened_out | rolled_back | not_applied) and why.
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ruled_out(self) -> dict[str, str]:
+        """Operators an earlier iteration tried without keeping them, with what happened."""
+        out: dict[str, str] = {}
+        for h in self.history:
+            if h.get("operator") and h.get("outcome") in ("rejected", "screened_out", "rolled_back"):
+                out[str(h["operator"])] = f"{str(h['outcome']).replace('_', ' ')} in iteration {h.get('iteration', '?')}"
+        return out
 
 
 @dataclass

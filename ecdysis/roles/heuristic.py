@@ -113,7 +113,8 @@ def attribute(case: CaseFile) -> dict[str, Any]:
 
 
 def propose(case: CaseFile) -> dict[str, Any]:
-    """The best-ranked catalogue operator for this cluster not yet objected to or taken."""
+    """The best-ranked catalogue operator for this cluster not yet objected to, nor tried in an
+    earlier iteration without being kept."""
     skipped: list[str] = []
     root = str((case.investigation or {}).get("root_cause", ""))
     inp = RepairInput(case.files, case.cluster, case.exemplars, root)
@@ -121,8 +122,8 @@ def propose(case: CaseFile) -> dict[str, Any]:
         if name in case.tried_operators:
             skipped.append(f"{name}: objected to in an earlier round")
             continue
-        if name in case.taken_operators:
-            skipped.append(f"{name}: already proposed for a higher-priority cluster")
+        if name in case.ruled_out:
+            skipped.append(f"{name}: {case.ruled_out[name]}")
             continue
         reason = OPERATORS[name].unavailable(inp)
         if reason:
@@ -131,6 +132,7 @@ def propose(case: CaseFile) -> dict[str, Any]:
         result = OPERATORS[name].apply(inp)
         changed = {p: t for p, t in result.files.items() if case.files.get(p) != t}
         replies = [f"Objection “{o}” answered by proposing {name} instead." for o in case.objections]
+        replies += [f"Not proposed again: {why}." for why in skipped if any(why.startswith(f"{op}:") for op in case.ruled_out)]
         return {"operator": name, "spec": result.spec.to_json(), "files": changed, "replies": replies}
     options = "; ".join(skipped) or f"the catalogue has no generic repair for {case.cluster.type}"
     return {"give_up": f"No catalogue operator is left for this cluster ({options})."}

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ecdysis.budget import CallBudget
 from ecdysis.errors import ModelError
 from ecdysis.models.base import ModelBackend
 from ecdysis.models.gateway import ModelGateway
@@ -90,6 +91,16 @@ def _cluster_text(case: CaseFile) -> str:
     return "\n".join(lines + [f"- {e}" for e in c.evidence])
 
 
+def _history_text(case: CaseFile) -> str:
+    if not case.history:
+        return "Earlier iterations: none."
+    lines = ["Earlier iterations tried these changes (do not propose a rejected or rolled-back one again "
+             "unless you say what is different):"]
+    lines += [f"- iteration {h.get('iteration', '?')}: {h.get('operator') or 'hand-written edit'} — "
+              f"{h.get('change', '')} → {h.get('outcome')}: {h.get('why', '')}" for h in case.history[-8:]]
+    return "\n".join(lines)
+
+
 def _files_text(files: dict[str, str], limit: int) -> str:
     parts = []
     for path in sorted(files):
@@ -125,6 +136,7 @@ class RolePrompt:
             "objections": lambda: ("Critic objections to answer this round:\n" + "\n".join(
                 f"- {o}" for o in case.objections)) if case.objections else "No objections yet.",
             "draft": lambda: self._draft_text(case),
+            "history": lambda: _history_text(case),
         }
         return "\n\n".join(sections[name]() for name in self.inputs)
 
@@ -167,7 +179,7 @@ PROMPTS: dict[str, RolePrompt] = {p.role: p for p in (
     RolePrompt("proposer", "Write a harness modification specification and the change itself: name a "
                "catalogue operator, or give exact find/replace edits. The change must be general: never "
                "mention an instance, its id, its text or its answer. Answer every objection in `replies`.",
-               ("cluster", "investigation", "attribution", "catalogue", "objections", "harness")),
+               ("cluster", "investigation", "attribution", "catalogue", "history", "objections", "harness")),
     RolePrompt("critic", "Review the proposal for generality, leakage of task data, regressions and whether it "
                "addresses the root cause. Accept it, or list concrete objections the Proposer must answer.",
                ("cluster", "investigation", "draft")),
@@ -179,8 +191,8 @@ class LLMRoleBackend:
 
     def __init__(self, backend: ModelBackend, *, store: Store | None = None, max_tokens: int = 1024,
                  file_chars: int = FILE_CHARS, fallback: HeuristicRoleBackend | None = None,
-                 structured: bool = True) -> None:
-        self.gateway = ModelGateway(backend, store)
+                 structured: bool = True, budget: CallBudget | None = None) -> None:
+        self.gateway = ModelGateway(backend, store, budget=budget)
         self.max_tokens = max_tokens
         self.structured = structured
         self.file_chars = file_chars  # small local models read prompts slowly: keep them short there

@@ -1,0 +1,61 @@
+"""What a job may spend on models, and what it has spent: calls, tokens and model seconds.
+
+Two ways to count a cached answer:
+- `charge_cached=False` (the default for users): a cache hit is free, as it costs nothing here.
+- `charge_cached=True` (strategy benchmarks that share one cache): a hit is charged as the call
+  it replays, with the latency recorded when it was made, so no strategy rides for free on the
+  calls another one paid for."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ecdysis.errors import BudgetExceeded
+from ecdysis.records import Completion
+
+
+class CallBudget:
+    """Shared limits on model calls and tokens across everything one job runs (thread-safe).
+    `None` means unlimited."""
+
+    def __init__(self, max_calls: int | None = None, max_tokens: int | None = None,
+                 deadline: float | None = None, *, charge_cached: bool = False) -> None:
+        self.max_calls = max_calls
+        self.max_tokens = max_tokens
+        self.deadline = deadline
+        self.charge_cached = charge_cached
+        self.calls = 0
+        self.tokens = 0
+        self.seconds = 0.0  # model seconds charged: each call's (recorded) latency
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        with self._lock:
+            if self.max_calls is not None and self.calls >= self.max_calls:
+                raise BudgetExceeded(f"model-call budget of {self.max_calls} spent")
+            if self.max_tokens is not None and self.tokens >= self.max_tokens:
+                raise BudgetExceeded(f"token budget of {self.max_tokens} spent")
+            if self.deadline is not None and time.time() >= self.deadline:
+                raise BudgetExceeded("wall-time budget spent")
+
+    def charge(self, calls: int, tokens: int, seconds: float = 0.0) -> None:
+        with self._lock:
+            self.calls += calls
+            self.tokens += tokens
+            self.seconds += seconds
+
+    def charge_completion(self, completion: Completion) -> None:
+        """One call, by this budget's rule for cached answers."""
+        if completion.cache_hit and not self.charge_cached:
+            return
+        latency = completion.recorded_latency_s if completion.cache_hit else completion.latency_s
+        self.charge(1, completion.prompt_tokens + completion.completion_tokens, latency)
+
+    @property
+    def exhausted(self) -> bool:
+        try:
+            self.check()
+        except BudgetExceeded:
+            return True
+        return False

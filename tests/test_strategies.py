@@ -1,0 +1,195 @@
+"""The strategies on planted worlds whose truth is known.
+
+The world: the arithmetic suite of `test_evolve`, and a scripted model that answers even-numbered
+questions correctly but wrapped in a sentence (the starter harness takes the first line, "Let me
+think.", so they fail: an extraction fault) and gives an empty reply to odd-numbered ones (no
+harness change can fix that). A diagnosis finds two harness-level clusters and proposes a repair
+for each; a reviewer can turn one of them into a planted bad change (a prompt line that makes the
+model answer "I do not know." everywhere)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ecdysis.evolve import EvolveConfig, Evolver
+from ecdysis.models.registry import register_backend
+from ecdysis.models.scripted import Rule, ScriptedBackend
+from ecdysis.records import Instance
+from ecdysis.service import Service
+from ecdysis.strategies import STRATEGIES, EcdysisBatch, PerInstanceSearch, SelfEvolution, window
+from test_evolve import write_suite
+
+MODEL = "planted-two-faults"
+BAD_LINE = "Answer in words."
+
+
+@pytest.fixture
+def world(tmp_path: Path, store) -> tuple[Service, str, ScriptedBackend]:
+    suite = write_suite(tmp_path / "tiny.jsonl")
+    rules = [Rule(text="I do not know.", match=BAD_LINE)]
+    for n, line in enumerate(suite.read_text().splitlines()[1:]):
+        row = json.loads(line)
+        rules.append(Rule(text=f"Let me think.\nThe answer is {row['target']}." if n % 2 == 0 else "",
+                          match=row["input"]))
+    subject = ScriptedBackend(rules, model_id=MODEL, default="I do not know.")
+    register_backend(subject)
+    return Service(store), str(suite), subject
+
+
+def config(suite: str, **kw) -> EvolveConfig:
+    base = dict(suite=suite, models=[MODEL], iterations=1, batch_size=12, val_limit=12, test_limit=12)
+    base.update(kw)
+    return EvolveConfig(**base)
+
+
+def plant_bad(svc: Service):
+    """A reviewer who approves the extraction repair as proposed and turns every other proposal
+    into the bad change."""
+    def review(proposal):
+        if proposal.spec.get("operator") == "answer_extraction":
+            return "approve", "", None
+        user = svc.harness(proposal.harness_version).files["user.md"]
+        return "edit", "planted bad change", {"user.md": user.rstrip("\n") + f"\n{BAD_LINE}\n"}
+    return review
+
+
+def changes(row: dict) -> dict[str, dict]:
+    return {c["operator"]: c for st in row["steps"] for c in st["changes"]}
+
+
+def test_a_good_change_is_kept_when_a_bad_one_is_approved_beside_it(world) -> None:
+    """Composed and gated together (as before screening), the bad change hid the good one and both
+    were rolled back. Screened alone, the bad one goes no further and the good one is kept."""
+    svc, suite, _ = world
+    evolver = Evolver(svc, reviewer=plant_bad(svc))
+    evo = evolver.run(evolver.create(config(suite)).id)
+    row = evo.iterations[0]
+    assert row["proposals"] == 2 and row["screened"] == 2
+    screened = evo.iterations[0]["history"]
+    fate = {h["operator"]: h["outcome"] for h in screened}
+    assert fate == {"answer_extraction": "kept", "retry_unparsable": "screened_out"}, screened
+    bad = next(h for h in screened if h["outcome"] == "screened_out")
+    assert "net +0" in bad["why"] or "net -" in bad["why"], bad
+    good = changes(row)["answer_extraction"]
+    # its own measured effect sits next to its predicted one: screened on its cluster, then validated
+    assert good["predicted"] and good["screened"]["wins"] >= 3 and good["screened"]["losses"] == 0
+    assert good["measured"]["kept"] and good["measured"]["jointly_with"] == 0
+    assert row["val_accuracy"] > 0 and evo.current_version != evo.base_version
+    assert evo.status == "done" and evo.result["test_accuracy"] > evo.result["base_test_accuracy"]
+
+
+def test_changes_are_validated_one_at_a_time_even_without_screening(world) -> None:
+    """Per-instance search has no cluster to screen on; its one change is still judged alone."""
+    svc, suite, _ = world
+    evolver = Evolver(svc, reviewer=plant_bad(svc))
+    evo = evolver.run(evolver.create(config(suite, strategy="per-instance", iterations=2)).id)
+    for row in evo.iterations:
+        assert row["screened"] == 0 and all(len(st["changes"]) <= 1 for st in row["steps"])
+
+
+def test_a_change_that_adds_calls_must_pay_for_them(world) -> None:
+    """The extraction repair with 3-sample voting added: it fixes its cluster either way, but
+    costs 2 more calls an instance. At 0.6 accuracy a call it must gain 120 points: refused; at the
+    default 5 points a call it is kept."""
+    svc, suite, _ = world
+
+    def voting(proposal):
+        if proposal.spec.get("operator") != "answer_extraction":
+            return "reject", "not this one", None
+        files = dict(proposal.files)
+        toml = svc.harness(proposal.harness_version).files["harness.toml"]
+        files["harness.toml"] = re.sub(r"(?m)^samples = 1", "samples = 3", toml)
+        return "edit", "with voting", files
+
+    dear = Evolver(svc, reviewer=voting)
+    evo = dear.run(dear.create(config(suite, min_gain_per_call=0.6)).id)
+    fate = {h["operator"]: h for h in evo.iterations[0]["history"]}
+    assert fate["answer_extraction"]["outcome"] == "screened_out", fate
+    assert "2.00 model calls per instance" in fate["answer_extraction"]["why"]
+    assert evo.current_version == evo.base_version
+
+    cheap = Evolver(svc, reviewer=voting)
+    evo = cheap.run(cheap.create(config(suite)).id)
+    kept = changes(evo.iterations[0])["answer_extraction"]
+    assert kept["measured"]["kept"] and kept["screened"]["extra_calls"] == pytest.approx(2.0)
+    assert kept["measured"]["candidate_calls"] == pytest.approx(3.0)
+
+
+def test_every_call_is_charged_and_counted_per_phase(world) -> None:
+    """Role calls (an LLM role backend whose replies are unusable, so each role is asked twice and
+    the heuristic answers) are charged with the instances', screening's and validation's calls."""
+    svc, suite, subject = world
+    roles = ScriptedBackend([], model_id="planted-roles", default="not json")
+    register_backend(roles)
+    evolver = Evolver(svc, reviewer=plant_bad(svc))
+    evo = evolver.run(evolver.create(config(suite, role_backend="planted-roles", iterations=2)).id)
+    assert evo.status == "done"
+    for row in evo.iterations:
+        assert sum(row["calls_by_phase"].values()) == row["model_calls"], row["calls_by_phase"]
+    assert evo.iterations[0]["calls_by_phase"]["diagnose"] >= 8  # 4 roles x 2 tries, for the first cluster alone
+    assert evo.result["spent"]["calls"] == sum(r["model_calls"] for r in evo.iterations)
+    assert len(roles.history) <= sum(r["calls_by_phase"]["diagnose"] for r in evo.iterations)  # + smoke runs
+    # Every call that reached a model was charged once: to training, or (the sealed test) apart.
+    assert evo.result["test_spent"]["calls"] > 0
+    assert evo.result["spent"]["calls"] + evo.result["test_spent"]["calls"] == len(roles.history) + len(subject.history)
+
+
+def test_a_budget_stops_role_calls_too(world) -> None:
+    svc, suite, _ = world
+    register_backend(ScriptedBackend([], model_id="planted-roles-2", default="not json"))
+    evolver = Evolver(svc, reviewer=plant_bad(svc))
+    evo = evolver.run(evolver.create(config(suite, role_backend="planted-roles-2", max_model_calls=15)).id)
+    assert evo.status == "stopped" and "budget" in evo.result["stopped"]
+    assert evo.result["spent"]["calls"] <= 15
+
+
+def test_a_change_that_was_not_kept_is_not_proposed_again(world) -> None:
+    """A rejected repair returns in the next iteration neither as new nor at all: the roles see
+    what became of it and the Proposer moves to another operator."""
+    svc, suite, _ = world
+
+    def reject_extraction(proposal):
+        if proposal.spec.get("operator") == "answer_extraction":
+            return "reject", "I want a prompt-side fix", None
+        return "reject", "no", None
+
+    evolver = Evolver(svc, reviewer=reject_extraction)
+    evo = evolver.run(evolver.create(config(suite, iterations=2)).id)
+    first, second = evo.iterations
+    assert {h["operator"]: h["outcome"] for h in first["history"]}["answer_extraction"] == "rejected"
+    ops = [h["operator"] for h in second["history"]]
+    assert ops and "answer_extraction" not in ops, second["history"]
+    report = svc.get_diagnosis(second["diagnosis_id"]).report
+    said = json.dumps(report["proposals"])
+    assert "rejected in iteration 1" in said
+
+
+def test_self_evolution_makes_one_edit_per_failing_instance_and_gates_them_together(world) -> None:
+    svc, suite, _ = world
+    evolver = Evolver(svc)
+    evo = evolver.run(evolver.create(config(suite, strategy="self-evolution", auto_approve=True)).id)
+    row = evo.iterations[0]
+    assert len(row["diagnosis_ids"]) == 5  # the first 5 failing instances, one diagnosis each
+    for did in row["diagnosis_ids"]:
+        report = svc.get_diagnosis(did).report
+        assert len({i for c in report["clusters"] for i in c["instances"]}) == 1
+    assert len(row["steps"]) <= 1 and row["screened"] == 0
+    assert len(evo.result["tried_instances"]) == 5
+
+
+def test_curated_batches_put_earlier_failures_first() -> None:
+    train = [Instance(id=f"t{i:02d}", input=f"q{i}", target="1", split="train") for i in range(40)]
+    plain = window(train, 10, 2)
+    assert [i.id for i in plain] == [f"t{i:02d}" for i in range(10, 20)]
+    assert EcdysisBatch().batch(train, 10, 1, ["t30"]) == window(train, 10, 1)
+    curated = [i.id for i in EcdysisBatch().batch(train, 10, 2, ["t01", "t03", "t05"])]
+    assert curated[:3] == ["t05", "t03", "t01"] and len(curated) == 10 == len(set(curated))
+    assert curated[3:] == [f"t{i:02d}" for i in range(10, 17)]  # the window's own, passing ones among them
+    many = [f"t{i:02d}" for i in range(10)]
+    assert len([i for i in EcdysisBatch().batch(train, 10, 2, many) if i.id in many]) == 5  # at most half
+    assert PerInstanceSearch().batch(train, 10, 2, many) == plain == SelfEvolution().batch(train, 10, 2, many)
+    assert set(STRATEGIES) == {"ecdysis", "per-instance", "self-evolution"}
