@@ -19,10 +19,10 @@ Figures, per suite and baseline B:
 - held-out test accuracy per strategy: the mean over seeds, with a 95 % bootstrap interval
   (test instances resampled within each seed, the seeds kept);
 - test delta (Ecdysis - B) in points: paired on the same test instances, same interval;
-- time to target: the calls (and charged model seconds) each strategy spent before its validation
-  accuracy first reached B's final validation accuracy; speedup = B's / Ecdysis's. A target B
-  never raised above the starter harness makes the speedup undefined (None), and a target Ecdysis
-  never reached makes it 0 for that seed."""
+- time to target (`ecdysis.compare`, the app's definition too): the calls (and charged model
+  seconds) each strategy spent before its validation accuracy first reached B's final validation
+  accuracy; speedup = B's / Ecdysis's. A target B never raised above the starter harness makes
+  the speedup undefined (None), and a target Ecdysis never reached makes it 0 for that seed."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,17 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.machine import cpu_counters, load_average, now, steal_pct, write_results  # noqa: E402
+from ecdysis.compare import curve, speedup  # noqa: E402
 
 STRATEGIES = ("ecdysis", "per-instance", "self-evolution")
 BASELINES = ("per-instance", "self-evolution")
 NAME = "compare_strategies"
-
-
-@dataclass
-class Point:
-    calls: int
-    seconds: float
-    val_accuracy: float
 
 
 def config(args: argparse.Namespace, suite: str, strategy: str, seed: int, roles: str) -> Any:
@@ -101,22 +94,6 @@ def base_val(svc: Any, args: argparse.Namespace, suite: str) -> float:
     return round(correct / total, 4) if total else 0.0
 
 
-def curve(evo: Any, start: float) -> list[Point]:
-    """Validation accuracy of the kept version after each iteration, against what was spent."""
-    points, calls, seconds, acc = [Point(0, 0.0, start)], 0, 0.0, start
-    for row in evo.iterations:
-        calls += row["model_calls"]
-        seconds += row.get("model_seconds", 0.0)
-        if row.get("val_accuracy") is not None:
-            acc = row["val_accuracy"]
-        points.append(Point(calls, round(seconds, 3), acc))
-    return points
-
-
-def reach(points: Sequence[Point], target: float) -> Point | None:
-    return next((p for p in points if p.val_accuracy >= target - 1e-9), None)
-
-
 def outcomes(svc: Any, run_ids: Sequence[str]) -> dict[tuple[str, str], float]:
     return {(r.model, r.instance_id): float(r.correct) for rid in run_ids for r in svc.store.get_results(rid)}
 
@@ -131,22 +108,6 @@ def bootstrap(per_seed: list[list[float]], rounds: int = 2000, seed: int = 7) ->
     stats = sorted(sum(sum(rng.choices(v, k=len(v))) / len(v) for v in per_seed) / len(per_seed)
                    for _ in range(rounds))
     return round(mean, 4), [round(stats[int(0.025 * rounds)], 4), round(stats[int(0.975 * rounds) - 1], 4)]
-
-
-def speedup(base: Sequence[Point], ours: Sequence[Point], start: float) -> dict[str, Any]:
-    target = base[-1].val_accuracy
-    if target <= start + 1e-9:
-        return {"target": target, "calls": None, "seconds": None,
-                "why": "the baseline never raised validation accuracy above the starter harness"}
-    theirs, mine = reach(base, target), reach(ours, target)
-    assert theirs is not None
-    if mine is None:
-        return {"target": target, "calls": 0.0, "seconds": 0.0, "why": "Ecdysis never reached the target"}
-    return {"target": target,
-            "calls": round(theirs.calls / mine.calls, 3) if mine.calls else None,
-            "seconds": round(theirs.seconds / mine.seconds, 3) if mine.seconds else None,
-            "baseline_calls": theirs.calls, "ecdysis_calls": mine.calls,
-            "baseline_seconds": theirs.seconds, "ecdysis_seconds": mine.seconds}
 
 
 def mean(values: Sequence[float | None]) -> float | None:

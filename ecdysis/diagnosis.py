@@ -179,7 +179,7 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
              current_files: Mapping[str, str] | None = None, limits: SandboxLimits | None = None,
              max_proposals: int | None = None, only_instances: Sequence[str] | None = None,
              events: Callable[[Event], None] | None = None, budget: CallBudget | None = None,
-             history: Sequence[Mapping[str, Any]] = ()) -> DiagnosisReport:
+             history: Sequence[Mapping[str, Any]] = (), passes: int = 2) -> DiagnosisReport:
     """Diagnose the failures of `run_ids` as one batch.
 
     `role_backend` is "heuristic" (default, offline), a model name or model backend for the LLM
@@ -193,6 +193,8 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
     `budget` is charged for every role and smoke-run call (and stops them when it runs out).
     `history` is what earlier iterations of an evolution tried and what became of it (see
     `CaseFile.history`): the roles see it, and a change that was not kept is not proposed again.
+    `passes` is the number of refinement passes: pass 1 is Investigator -> Attributor ->
+    Proposer <-> Critic; each later pass reviews the accepted specification (see `Refiner`).
     Raises NotFound/InputError for unknown runs."""
     emit = events or (lambda e: None)
     started = time.perf_counter()
@@ -212,7 +214,7 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
                         limits or SandboxLimits(timeout_s=60.0),
                         scorers={name: s.scorer for name, s in batch.suites.items()})
     checks = CriticChecks(index, smoke, dict(current_files or batch.harness.files))
-    refiner = Refiner(backend, checks, max_rounds=max_rounds, respect_verdicts=only_instances is None)
+    refiner = Refiner(backend, checks, max_rounds=max_rounds, respect_verdicts=only_instances is None, passes=passes)
     outcomes, proposals = _refine_all(clusters, batch, exemplars, refiner, max_proposals, emit,
                                       [dict(h) for h in history])
     report = DiagnosisReport(

@@ -61,6 +61,7 @@ class EvolveConfig:
     gate_k: float = 1.0
     role_backend: str = "heuristic"
     max_rounds: int = 3
+    passes: int = 2                # refinement passes: the first proposes, later ones review the spec
     concurrency: int = 1
     max_model_calls: int | None = None
     max_tokens: int | None = None
@@ -399,7 +400,7 @@ class Evolver:
                                     max_rounds=cfg.max_rounds, previous_clusters=self._previous_clusters(evo),
                                     backend_factory=self.svc.backend, limits=self.svc.limits(),
                                     only_instances=scope, max_proposals=plan.max_proposals(scope),
-                                    history=self._history(evo), budget=budget)
+                                    history=self._history(evo), budget=budget, passes=cfg.passes)
         report.stats["scope"] = scope
         rec = diagnosis.store_report(self.store, report)
         evo.result.setdefault("diagnoses", []).append(rec.id)

@@ -8,7 +8,9 @@ no instance id, target answer or instance-specific text of the data appears in i
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import tomllib
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
@@ -92,6 +94,17 @@ class RefineOutcome:
     proposal: Proposal | None
     transcript: list[RoleMessage]
     no_patch_reason: str | None = None
+
+
+def expected_calls(files: Mapping[str, str]) -> float:
+    """The most model calls per instance a harness's parameters allow (samples x (1 + retries));
+    1 when harness.toml does not say. A harness whose code loops by itself is measured instead,
+    in screening."""
+    try:
+        params = tomllib.loads(files.get("harness.toml", "")).get("params", {})
+        return float(max(1, int(params.get("samples", 1))) * (1 + max(0, int(params.get("retries", 0)))))
+    except (tomllib.TOMLDecodeError, TypeError, ValueError, AttributeError):
+        return 1.0
 
 
 # ---------------------------------------------------------------- the data the leakage check guards
@@ -255,6 +268,15 @@ class SmokeRunner:
         return CheckResult("loads", True, f"loads and answers the smoke run on {instance.id} with "
                                           f"{outcome.answer[:60]!r} in {calls[0]} model call(s){verdict}")
 
+    def still_passes(self, files: dict[str, str], instance: Instance, suite: str = "") -> bool | None:
+        """Whether the patched harness still answers a passing instance correctly (None: unknown)."""
+        result = self.run(files, instance, suite)
+        if not result.ok:
+            return False
+        if result.detail.endswith("(not correct)"):
+            return False
+        return True if result.detail.endswith("(correct)") else None
+
     @staticmethod
     def _score(answer: str, instance: Instance, scorer: ScorerSpec | None) -> str:
         """Informational only: gating on one instance's correctness would fit the patch to it."""
@@ -310,6 +332,32 @@ class CriticChecks:
         hunks = sum(len(v) for v in result.hunk_flags.values())
         return CheckResult("applies", True, f"all {hunks} hunk(s) apply cleanly to the current harness")
 
+    def concerns(self, case: CaseFile, draft: Draft) -> list[dict[str, str]]:
+        """What a review pass weighs beyond the hard checks, each with its evidence: regressions
+        (the patch run on up to two passing train instances of other categories), cost (calls
+        per instance the patched harness can make), generality (the categories the cluster spans).
+        Regressions demand a revision; the others are recorded as agreed or disputed."""
+        out: list[dict[str, str]] = []
+        others = [e for e in case.exemplars if e.category not in case.cluster.categories] or list(case.exemplars)
+        for ex in others[:2]:
+            inst = self.index.instances.get(ex.key)
+            suite = ex.key.split("/", 1)[0]
+            # Paired on the smoke model: the parent must pass where the patch fails (both cached).
+            if (inst is not None and self.smoke.still_passes(draft.files, inst, suite) is False
+                    and self.smoke.still_passes(dict(case.files), inst, suite)):
+                out.append({"kind": "regression", "text": f"regression: the patched harness gets passing train "
+                                                         f"instance {ex.key} ({ex.category}) wrong"})
+        calls = expected_calls(draft.files)
+        if calls > expected_calls(case.files):
+            out.append({"kind": "cost", "text": f"cost: the patched harness may make up to {calls:g} model calls "
+                                                f"per instance (now {expected_calls(case.files):g}); it must "
+                                                f"earn them in screening"})
+        if len(case.cluster.categories) < 2 and len(case.batch.category_names) > 1:
+            out.append({"kind": "generality", "text": f"generality: the cluster lies in one category "
+                                                      f"({', '.join(case.cluster.categories)}) of "
+                                                      f"{len(case.batch.category_names)}; the change may fit it alone"})
+        return out
+
     def _smoke_key(self, case: CaseFile) -> str:
         """A failing train instance of the cluster if there is one, else any train instance."""
         for key in case.cluster.instance_keys:
@@ -347,19 +395,74 @@ class Refiner:
     checks: CriticChecks
     max_rounds: int = 3
     respect_verdicts: bool = True
+    passes: int = 2
 
     def refine(self, case: CaseFile) -> RefineOutcome:
         log: list[RoleMessage] = []
         veto = self._diagnose(case, log)
         if veto is not None:
             return veto
+        outcome = self._rounds(case, log, first=1)
+        for number in range(2, max(1, self.passes) + 1):
+            if outcome.proposal is None or outcome.proposal.status != "accepted":
+                break
+            outcome = self._review(case, log, number, outcome)
+        return outcome
+
+    def _rounds(self, case: CaseFile, log: list[RoleMessage], first: int) -> RefineOutcome:
         last: _Attempt | None = None
-        for number in range(1, max(1, self.max_rounds) + 1):
+        for number in range(first, first + max(1, self.max_rounds)):
             step = self._round(case, number, log, last)
             if isinstance(step, RefineOutcome):
                 return step
             last = step or last
         return self._finish(case, log, last, f"not accepted within {self.max_rounds} round(s)")
+
+    def _review(self, case: CaseFile, log: list[RoleMessage], number: int, accepted: RefineOutcome) -> RefineOutcome:
+        """Review pass `number` over an accepted specification: the engine measures the concerns
+        (regressions, cost, generality), the Critic weighs them against the spec, and a revision
+        answers them even though every hard check passed. The result is one consolidated
+        specification that records what was agreed and what stays disputed."""
+        proposal = accepted.proposal
+        assert proposal is not None and case.draft is not None
+        first = number * 100 + 1  # the rounds of pass k are numbered k01, k02, ...
+        concerns = self.checks.concerns(case, case.draft)
+        text = "; ".join(c["text"] for c in concerns) or "no regression on passing instances, no added calls, " \
+                                                           "spans several categories"
+        log.append(RoleMessage(first, "critic", "check", ENGINE, f"Review pass {number} of the specification: {text}",
+                               data={"concerns": concerns}))
+        if not concerns:
+            return self._consolidated(accepted, log, number, agreed=[text], disputed=[])
+        case.concerns = concerns
+        case.objections = [c["text"] for c in concerns]
+        turn = self.backend.run("critic", case, first)
+        log += turn.messages
+        if turn.output["decision"] == "accept":
+            notes = str(turn.output.get("notes") or "the Critic accepts these as the change's known risks")
+            return self._consolidated(accepted, log, number, agreed=[notes],
+                                      disputed=[c["text"] for c in concerns])
+        self._next_round(case, list(turn.output.get("objections") or case.objections), proposal.spec.operator)
+        case.concerns = []  # each revised draft is judged by the hard checks, then measured again
+        revised = self._rounds(case, log, first=first + 1)
+        if revised.proposal is not None and revised.proposal.status == "accepted" and case.draft is not None:
+            left = self.checks.concerns(case, case.draft)
+            log.append(RoleMessage(first, "critic", "check", ENGINE, "The revision measured again: "
+                                   + ("; ".join(c["text"] for c in left) or "no concern left"), data={"concerns": left}))
+            return self._consolidated(revised, log, number,
+                                      agreed=[f"revised to answer: {c['text']}" for c in concerns],
+                                      disputed=[c["text"] for c in left])
+        why = revised.no_patch_reason or "no accepted revision"
+        return self._consolidated(accepted, log, number, agreed=[],
+                                  disputed=[c["text"] for c in concerns] + [f"revision failed: {why[:200]}"])
+
+    @staticmethod
+    def _consolidated(outcome: RefineOutcome, log: list[RoleMessage], number: int, *, agreed: list[str],
+                      disputed: list[str]) -> RefineOutcome:
+        proposal = outcome.proposal
+        assert proposal is not None
+        spec = dataclasses.replace(proposal.spec, passes=number, agreed=tuple(agreed), disputed=tuple(disputed))
+        proposal = dataclasses.replace(proposal, spec=spec, transcript=list(log))
+        return RefineOutcome(outcome.cluster_id, proposal, list(log), outcome.no_patch_reason)
 
     def _diagnose(self, case: CaseFile, log: list[RoleMessage]) -> RefineOutcome | None:
         """Investigator then Attributor (round 1); an outcome only when the Attributor vetoes."""
@@ -423,7 +526,8 @@ class Refiner:
     @staticmethod
     def _proposal(case: CaseFile, attempt: _Attempt, status: ProposalStatus, log: list[RoleMessage],
                   reason: str) -> Proposal:
+        spec = dataclasses.replace(attempt.draft.spec, expected_calls=expected_calls({**case.files, **attempt.draft.files}))
         return Proposal(id="p" + uuid.uuid4().hex[:10], cluster_id=case.cluster.id, status=status,
-                        spec=attempt.draft.spec, diffs=attempt.diffs, base_harness=case.harness_version,
+                        spec=spec, diffs=attempt.diffs, base_harness=case.harness_version,
                         rounds=attempt.round, checks=list(attempt.draft.checks), objections=attempt.objections,
                         transcript=list(log), reason=reason)

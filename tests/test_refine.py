@@ -17,7 +17,7 @@ from ecdysis.diagnosis import DiagnosisReport, diagnose, sanctioned_exemplars
 from ecdysis.diffs import diff_files
 from ecdysis.errors import NotFound
 from ecdysis.harness import starter_files
-from ecdysis.models.scripted import ScriptedBackend
+from ecdysis.models.scripted import Rule, ScriptedBackend
 from ecdysis.refine import DataIndex, LeakageCheck
 from ecdysis.roles.base import ModificationSpec
 from ecdysis.roles.operators import OPERATORS, RepairInput
@@ -241,3 +241,50 @@ def test_store_report_persists_the_diagnosis_and_its_proposals(kind: str, reques
     stored = store.list_proposals(diagnosis_id=record.id)
     assert [(p.cluster_id, p.status) for p in stored] == [("c1", "pending")]
     assert "ecdysis operator: answer_extraction" in stored[0].files["harness.py"]
+
+
+class _BadFirstProposer:
+    """The heuristic roles, except that the Proposer's first draft is a planted bad change: a
+    harness that answers "0" to everything. It loads, applies and quotes no data, so every hard
+    check passes and the Critic accepts it in pass 1."""
+
+    name = "bad-first"
+
+    def __init__(self) -> None:
+        from ecdysis.roles.heuristic import HeuristicRoleBackend
+        self.inner = HeuristicRoleBackend()
+        self.proposed = 0
+
+    def run(self, role, case, round):
+        if role == "proposer" and self.proposed == 0:
+            self.proposed += 1
+            from ecdysis.roles.base import RoleMessage, RoleTurn
+            code = case.files["harness.py"] + "\n\n_solve = solve\n\ndef solve(task, model, harness):\n    " \
+                                              "_solve(task, model, harness)\n    return '0'\n"
+            output = {"operator": "", "spec": SPEC, "files": {"harness.py": code}, "replies": []}
+            return RoleTurn(output, [RoleMessage(round, "proposer", "output", self.name, "always 0", output)])
+        return self.inner.run(role, case, round)
+
+
+def test_a_review_pass_revises_an_accepted_spec_that_breaks_passing_instances() -> None:
+    """Pass 2 runs the accepted draft on passing train instances of other categories, paired
+    against the current harness on the same smoke model: the planted bad change breaks them, the
+    Critic objects though every hard check passed, and the revision (the extraction repair) is the
+    consolidated specification, with what was agreed recorded."""
+    store = MemoryStore()
+    run_ids, suite, _ = plant(store)
+    rules = [Rule(text=answer_form(i), match=i.input) for i in suite.instances]
+    smoke_model = ScriptedBackend(rules, model_id="bare", default=f"{H_PREFIX} 34")
+    report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=smoke_model,
+                      role_backend=_BadFirstProposer(), passes=2)
+    proposal = report.proposals[0]
+    assert proposal.status == "accepted" and proposal.spec.operator == "answer_extraction"
+    assert proposal.spec.passes == 2 and not proposal.spec.disputed
+    assert any(a.startswith("revised to answer: regression") for a in proposal.spec.agreed), proposal.spec.agreed
+    said = [m.text for m in proposal.transcript if m.role == "critic" and m.kind == "check"]
+    assert any("Review pass 2" in t and "regression" in t for t in said), said
+    # With one pass, the bad change would have been the proposal.
+    fresh = MemoryStore()
+    one = diagnose(fresh, plant(fresh)[0], suite_loader=lambda name: suite, smoke_model=smoke_model,
+                   role_backend=_BadFirstProposer(), passes=1)
+    assert one.proposals[0].spec.operator in ("", None) and one.proposals[0].status == "accepted"

@@ -51,11 +51,18 @@ class ModificationSpec:
     scope: str
     operator: str | None = None
     exemplars: tuple[str, ...] = ()  # instance keys of passing train instances quoted as few-shot
+    # Filled by the engine, not the Proposer: the most calls per instance the patched harness's
+    # parameters allow, and the consolidated outcome of the review passes (what was agreed, what
+    # stays disputed, how many passes ran).
+    expected_calls: float = 1.0
+    agreed: tuple[str, ...] = ()
+    disputed: tuple[str, ...] = ()
+    passes: int = 1
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["target_files"] = list(self.target_files)
-        data["exemplars"] = list(self.exemplars)
+        for key in ("target_files", "exemplars", "agreed", "disputed"):
+            data[key] = list(data[key])
         return data
 
     @staticmethod
@@ -64,7 +71,9 @@ class ModificationSpec:
             target_files=tuple(data.get("target_files") or ()), change=str(data.get("change", "")),
             root_cause=str(data.get("root_cause", "")), expected_effect=str(data.get("expected_effect", "")),
             risk=str(data.get("risk", "")), scope=str(data.get("scope", "")), operator=data.get("operator"),
-            exemplars=tuple(data.get("exemplars") or ()))
+            exemplars=tuple(data.get("exemplars") or ()), expected_calls=float(data.get("expected_calls", 1.0) or 1.0),
+            agreed=tuple(str(a) for a in data.get("agreed") or ()),
+            disputed=tuple(str(d) for d in data.get("disputed") or ()), passes=int(data.get("passes", 1) or 1))
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,8 @@ class CaseFile:
     attribution: dict[str, Any] | None = None
     draft: Draft | None = None
     objections: list[str] = field(default_factory=list)       # the Critic's, for the next round
+    # A review pass's measured concerns about an accepted spec ({"kind", "text"}), for the Critic.
+    concerns: list[dict[str, str]] = field(default_factory=list)
     tried_operators: list[str] = field(default_factory=list)  # operators already objected to here
     # What earlier iterations of the evolution tried and what became of it: dicts with operator,
     # change, outcome (kept | rejected | screened_out | rolled_back | not_applied) and why.

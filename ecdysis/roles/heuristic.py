@@ -143,6 +143,14 @@ def critique(case: CaseFile) -> dict[str, Any]:
     draft = case.draft
     if draft is None:
         return {"decision": "revise", "objections": ["there is no proposal to review"]}
+    if case.concerns:
+        # A review pass: a regression on passing instances demands a revision; cost and
+        # generality are the change's known risks, recorded as disputed and left to screening.
+        regressions = [c["text"] for c in case.concerns if c["kind"] == "regression"]
+        if regressions:
+            return {"decision": "revise", "objections": regressions}
+        return {"decision": "accept", "objections": [],
+                "notes": "no regression on passing instances; the remaining concerns are left to screening"}
     objections = [c.detail for c in draft.checks if not c.ok]
     changed = sorted(p for p, t in draft.files.items() if case.files.get(p) != t)
     missing = sorted(set(changed) - set(draft.spec.target_files))

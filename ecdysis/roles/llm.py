@@ -137,8 +137,12 @@ class RolePrompt:
                 f"- {o}" for o in case.objections)) if case.objections else "No objections yet.",
             "draft": lambda: self._draft_text(case),
             "history": lambda: _history_text(case),
+            "concerns": lambda: ("Review pass: the engine measured these concerns about the accepted specification "
+                                 "(regressions on passing instances, cost, generality). Accept the specification "
+                                 "with them as known risks, or revise:\n"
+                                 + "\n".join(f"- {c['text']}" for c in case.concerns)) if case.concerns else "",
         }
-        return "\n\n".join(sections[name]() for name in self.inputs)
+        return "\n\n".join(text for name in self.inputs if (text := sections[name]()))
 
     @staticmethod
     def _draft_text(case: CaseFile) -> str:
@@ -182,7 +186,7 @@ PROMPTS: dict[str, RolePrompt] = {p.role: p for p in (
                ("cluster", "investigation", "attribution", "catalogue", "history", "objections", "harness")),
     RolePrompt("critic", "Review the proposal for generality, leakage of task data, regressions and whether it "
                "addresses the root cause. Accept it, or list concrete objections the Proposer must answer.",
-               ("cluster", "investigation", "draft")),
+               ("cluster", "investigation", "draft", "concerns")),
 )}
 
 
