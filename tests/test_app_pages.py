@@ -248,15 +248,22 @@ def test_review_approve_apply_then_evaluate(world: World, svc: Service) -> None:
     wait_jobs(svc)
 
 
-def test_review_reject_needs_a_reason(world: World, svc: Service) -> None:
+def test_review_reject_needs_a_reason_and_confirms(world: World, svc: Service) -> None:
     at = open_page("4_review")
     pid = by_label(at.selectbox, "Proposal").value
-    assert at.button(key=f"reject:{pid}").disabled
-    at.text_input(key=f"reason:{pid}").input("too specific to dates").run()
     at.button(key=f"reject:{pid}").click().run()
+    assert not at.exception
+    assert any("Say why you reject it" in e.value for e in at.error), "an empty reason is refused in words"
+    assert svc.get_proposal(pid).status == "pending"
+    at.text_input(key=f"reason:{pid}").input("too specific to dates")
+    at.button(key=f"reject:{pid}").click().run()  # one click sends the typed reason with it
     assert_clean(at)
     assert svc.get_proposal(pid).status == "rejected"
     assert svc.decisions(pid)[-1].reason == "too specific to dates"
+    confirmed = [shown(s.value) for s in at.success]
+    assert any(f"Rejected {pid} — too specific to dates." in s and "left to review" in s for s in confirmed), confirmed
+    assert by_label(at.segmented_control, "Show").value == "rejected", "the rejected proposal stays in view"
+    assert by_label(at.selectbox, "Proposal").value == pid
 
 
 def test_review_edit_updates_the_diff_and_records_the_files(world: World, svc: Service) -> None:
@@ -273,6 +280,40 @@ def test_review_edit_updates_the_diff_and_records_the_files(world: World, svc: S
     assert_clean(at)
     assert svc.get_proposal(pid).status == "edited"
     assert svc.decisions(pid)[-1].files_as_applied[path].endswith(marker)  # type: ignore[index]
+    assert by_label(at.selectbox, "Proposal").value == pid
+    patch = html_of(at)
+    assert "reviewed by a person" in patch[0], "The patch shows the edited files, not the Proposer's diff"
+    assert "As edited by reviewer" in texts(at)
+    assert not any("reviewed by a person" in h for h in patch[1:]), "the Proposer's original, folded away"
+    at.button(key=f"apply:{pid}").click().run()
+    assert_clean(at)
+    assert "reviewed by a person" in html_of(at)[0], "still the edited patch once applied"
+    applied = views.applied_version(pid, svc.harnesses())
+    assert applied is not None and applied.files[path].endswith(marker)
+
+
+def test_deciding_logs_no_widget_state_warning(world: World, svc: Service) -> None:
+    """The status filter was drawn with a default while `follow` set it through session state:
+    Streamlit logged a warning on every decision."""
+    import logging
+    from streamlit.elements.lib import policies
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger(policies.__name__)
+    policies._shown_default_value_warning = False  # it warns once per process
+    logger.addHandler(handler)
+    try:
+        at = open_page("4_review")
+        pid = by_label(at.selectbox, "Proposal").value
+        at.button(key=f"approve:{pid}").click().run()
+        assert_clean(at)
+        by_label(at.segmented_control, "Show").set_value("pending").run()
+        assert_clean(at)
+    finally:
+        logger.removeHandler(handler)
+    assert svc.get_proposal(pid).status == "approved"
+    assert not [r.getMessage() for r in records if "default value" in r.getMessage()]
 
 
 def test_review_edit_that_breaks_the_harness_is_refused_clearly(world: World, svc: Service) -> None:
