@@ -101,37 +101,57 @@ def failure_map_figure(points: Sequence[MapPoint], height: int = 320) -> go.Figu
 
 
 def evolution_curves(series: Sequence[tuple[str, str, Sequence[Mapping[str, Any]], float | None]],
-                     height: int = 340) -> go.Figure:
+                     height: int = 340, base: float | None = None) -> go.Figure:
     """Validation accuracy per iteration for each evolution, and its held-out test accuracy as a
-    final marker. `series` holds (name, strategy, iteration rows, test accuracy)."""
+    final marker. `series` holds (name, strategy, iteration rows, test accuracy); `base`, the
+    starting version's validation accuracy, is drawn at iteration 0 so that even one iteration
+    reads as a change from somewhere. The accuracy axis spans the data, not always 0–100 %."""
     fig = go.Figure()
+    values: list[float] = [] if base is None else [base]
+    last_x = 0
     for i, (name, strategy, rows, test) in enumerate(series):
         color = STRATEGY_COLORS.get(strategy, PALETTE[(i + 2) % len(PALETTE)])
         xs = [int(r.get("iteration") or i) for i, r in enumerate(rows, start=1)]
-        fig.add_scatter(x=xs, y=[r.get("val_accuracy") for r in rows], mode="lines+markers",
-                        name=f"{name} validation", line={"color": color, "width": 2.5})
-        if any(r.get("train_accuracy") is not None for r in rows):
-            fig.add_scatter(x=xs, y=[r.get("train_accuracy") for r in rows], mode="lines",
+        ys = [r.get("val_accuracy") for r in rows]
+        if base is not None:
+            xs, ys = [0, *xs], [base, *ys]
+        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=f"{name} validation",
+                        line={"color": color, "width": 2.5}, marker={"size": 9})
+        train = [r.get("train_accuracy") for r in rows]
+        if any(t is not None for t in train):
+            fig.add_scatter(x=[x for x in xs if x > 0], y=train, mode="lines+markers",
                             name=f"{name} train batch", line={"color": color, "width": 1, "dash": "dot"})
+        values += [float(v) for v in [*ys, *train] if isinstance(v, (int, float))]
+        last_x = max([last_x, *xs])
         if test is not None:
             fig.add_scatter(x=[(max(xs) if xs else 0) + 1], y=[test], mode="markers+text", name=f"{name} test",
                             marker={"symbol": "star", "size": 14, "color": color}, text=[f"{test:.0%}"],
-                            textposition="top center")
-    fig.update_xaxes(title_text="iteration (star: sealed test split, scored once)", dtick=1)
-    fig.update_yaxes(title_text="accuracy", tickformat=".0%", range=[-0.02, 1.05])
+                            textposition="top center", cliponaxis=False)
+            values.append(float(test))
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    pad = max(0.05, (0.3 - (high - low)) / 2)
+    ticks = list(range(0 if base is not None else 1, last_x + 2))
+    fig.update_xaxes(title_text="iteration (0: the starting version; star: sealed test split, scored once)",
+                     tickvals=ticks, ticktext=["base" if t == 0 else str(t) for t in ticks],
+                     range=[ticks[0] - 0.4, ticks[-1] + 0.4])
+    fig.update_yaxes(title_text="accuracy", tickformat=".0%", range=[max(-0.02, low - pad), min(1.05, high + pad)])
     _layout(fig, height=height, title="Accuracy per iteration")
     fig.update_layout(legend={"orientation": "h", "y": -0.32, "x": 0}, margin={"b": 70})
     return fig
 
 
-def cost_bars(stats: Sequence[StrategyStats], height: int = 260) -> go.Figure:
-    """Training time and model calls per evolution, side by side."""
+def cost_bars(stats: Sequence[StrategyStats], height: int = 280) -> go.Figure:
+    """Training time and model calls per evolution, side by side. The panel titles sit above the
+    plot area, so the figure keeps a top margin for them (without one they were cut off)."""
     from plotly.subplots import make_subplots
     fig = make_subplots(rows=1, cols=2, subplot_titles=("training time (s)", "model calls"))
     names = [f"{s.strategy} {s.evolution_id[:6]}" for s in stats]
     colors = [STRATEGY_COLORS.get(s.strategy, "#9a968c") for s in stats]
     fig.add_bar(x=names, y=[s.train_seconds for s in stats], marker_color=colors, row=1, col=1, showlegend=False,
-                text=[f"{s.train_seconds:.0f}" for s in stats], textposition="outside")
+                text=[f"{s.train_seconds:.0f}" for s in stats], textposition="outside", cliponaxis=False)
     fig.add_bar(x=names, y=[s.model_calls for s in stats], marker_color=colors, row=1, col=2, showlegend=False,
-                text=[str(s.model_calls) for s in stats], textposition="outside")
-    return _layout(fig, height=height)
+                text=[str(s.model_calls) for s in stats], textposition="outside", cliponaxis=False)
+    fig.update_yaxes(rangemode="tozero")
+    _layout(fig, height=height, title="Cost of training")
+    fig.update_layout(margin={"t": 72})
+    return fig

@@ -307,8 +307,88 @@ class Comparison:
 
 
 def _ratio(value: float, better: str, worse: str) -> str:
-    """1.84 -> '1.84× faster'; 0.5 -> '2.00× slower' (a ratio below one reads inverted)."""
+    """1.84 -> '1.84× faster'; 0.5 -> '2.00× slower' (a ratio below one reads inverted); a ratio
+    that rounds to 1.00 either way is 'the same'."""
+    if round(value, 2) == 1.0 or round(1 / value, 2) == 1.0:
+        return "the same"
     return f"{value:.2f}× {better}" if value >= 1 else f"{1 / value:.2f}× {worse}"
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A change in percentage points as `st.metric` shows it: no colour and no arrow when it
+    rounds to zero (a green up arrow on +0.0 says the opposite of the number)."""
+
+    text: str
+    moved: bool
+
+
+def points_delta(new: float | None, base: float | None, what: str = "vs base") -> Delta | None:
+    if new is None or base is None:
+        return None
+    pts = round(100 * (new - base), 1)
+    return Delta(f"{pts:+.1f} pts {what}", True) if pts else Delta(f"±0.0 pts {what}", False)
+
+
+def evolution_where(e: EvolutionRecord) -> str:
+    """Where an evolution's cursor stands, in words: past its last iteration it is scoring the
+    sealed test split, not in an iteration beyond the plan."""
+    cursor = e.result.get("cursor", {})
+    phase, iteration = cursor.get("phase"), cursor.get("iteration")
+    planned = e.config.get("iterations")
+    if phase == "finished":
+        return "finished"
+    if phase == "test" or (isinstance(iteration, int) and isinstance(planned, int) and iteration > planned):
+        return "all iterations done, scoring the sealed test split"
+    return f"iteration {iteration if iteration is not None else '—'}/{planned or '?'}, phase {phase or '—'}"
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One iteration's validation gate: parent against candidate on the same instances."""
+
+    iteration: int
+    parent: float | None
+    candidate: float | None
+    wins: int | None
+    losses: int | None
+    paired: int | None
+    needed: str
+    outcome: str
+    reason: str
+
+    def to_row(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "parent acc": self.parent, "candidate acc": self.candidate,
+                "wins": self.wins, "losses": self.losses, "net": None if self.wins is None else
+                self.wins - (self.losses or 0), "paired instances": self.paired, "threshold": self.needed,
+                "outcome": self.outcome, "why": self.reason}
+
+
+def gate_threshold(config: Mapping[str, Any]) -> str:
+    """The acceptance rule of an evolution's gate, in words with its numbers."""
+    if config.get("gate", "paired-sign") == "paired-sign":
+        k = float(config.get("gate_k", 1.0))
+        return f"net ≥ {int(config.get('gate_min_net', 2))} and net > {k:g}·√(wins+losses)"
+    return "any net gain (wins > losses)"
+
+
+def gate_rows(e: EvolutionRecord, harnesses: Iterable[HarnessVersion]) -> list[GateRow]:
+    """Each finished iteration's gate, from the verdict stored on its candidate version."""
+    by_id = {h.id: h for h in harnesses}
+    needed = gate_threshold(e.config)
+    rows = []
+    for r in e.iterations:
+        cand = by_id.get(str(r.get("candidate_version") or ""))
+        verdict = (cand.metrics.get("gate") if cand else None) or {}
+        if not verdict:
+            rows.append(GateRow(int(r.get("iteration") or 0), None, None, None, None, None, needed,
+                                "no candidate", str(r.get("gate") or "")))
+            continue
+        rows.append(GateRow(int(r.get("iteration") or 0), verdict.get("parent_accuracy"),
+                            verdict.get("candidate_accuracy"), verdict.get("wins"), verdict.get("losses"),
+                            verdict.get("n"), needed, "kept" if verdict.get("accepted") else "rolled back",
+                            str(verdict.get("reason", ""))))
+    return rows
 
 
 def compare(ecdysis: EvolutionRecord, per_instance: EvolutionRecord) -> Comparison:

@@ -358,16 +358,61 @@ def test_evolution_form_starts_one_job_per_strategy(ecdysis_home: Path, svc: Ser
     by_label(at.multiselect, "Model(s)").set_value(["alpha"])
     by_label(at.radio, "Strategy").set_value("both")
     by_label(at.radio, "Gate").set_value("auto")
-    for label, value in (("Iterations", 1), ("Train batch", 4), ("Validation", 4), ("Test", 4)):
+    for label, value in (("Iterations", 1), ("Train batch", 4), ("Validation", 4), ("Test", 4),
+                         ("Gate: minimum net wins", 1), ("Gate: standard errors", 0.5)):
         by_label(at.number_input, label).set_value(value)
     at.form_submit_button[0].click().run(timeout=60)
     assert_clean(at)
     assert sorted(e.strategy for e in svc.evolutions()) == ["ecdysis", "per-instance"]
+    assert {(e.config["gate_min_net"], e.config["gate_k"]) for e in svc.evolutions()} == {(1, 0.5)}, \
+        "the threshold set in the form is the one the gate uses"
     wait_jobs(svc, timeout=240)
     at.run()
     assert_clean(at)
     assert all(e.status == "done" and len(e.iterations) == 1 for e in svc.evolutions())
     assert "Training time: ecdysis" in texts(at)
+    # The gate, visible: the watched evolution's iteration with parent and candidate accuracy,
+    # paired wins and losses and the rule, as the engine measured them.
+    watched = svc.get_evolution(by_label(at.selectbox, "Evolution").value)
+    assert "net ≥ 1 and net > 0.5·√(wins+losses)" in texts(at)
+    gates = next(d.value for d in at.dataframe if "wins" in d.value.columns)
+    row = gates.iloc[0]
+    candidate = svc.store.get_harness(watched.iterations[0]["candidate_version"] or "")
+    if candidate is None:
+        assert row["outcome"] == "no candidate"
+    else:
+        verdict = candidate.metrics["gate"]
+        assert (row["parent acc"], row["candidate acc"]) == (verdict["parent_accuracy"], verdict["candidate_accuracy"])
+        assert (row["wins"], row["losses"], row["paired instances"]) == (verdict["wins"], verdict["losses"],
+                                                                         verdict["n"])
+        assert row["outcome"] == ("kept" if verdict["accepted"] else "rolled back")
+    assert "scoring the sealed test split" not in texts(at) and "iteration 2/1" not in texts(at)
+
+
+def test_evolution_figures_say_what_the_numbers_say(svc: Service) -> None:
+    """A finished run reads 'finished', a run past its last iteration reads as scoring the test
+    split (not 'iteration 2/1'), no change is no change (no green arrow on +0.0, no '1.00× fewer'),
+    and the cost charts keep room for their titles."""
+    same = _evolution("ecdysis", [6.0], [6], 0.3)
+    svc.store.save_evolution(same)
+    other = _evolution("per-instance", [6.0], [6], 0.3)
+    other.status, other.result["cursor"] = "running", {"iteration": 2, "phase": "test"}
+    svc.store.save_evolution(other)
+    at = open_page("5_evolution")
+    page = texts(at)
+    assert "Model calls: ecdysis 6 vs per-instance 6 — the same." in page, page
+    assert "1.00×" not in page
+    test_metric = next(m for m in at.metric if m.label == "test (sealed)")
+    assert test_metric.delta == "±0.0 pts vs base"
+    assert test_metric.proto.color == test_metric.proto.MetricColor.GRAY
+    assert test_metric.proto.direction == test_metric.proto.MetricDirection.NONE
+    by_label(at.selectbox, "Evolution").set_value(other.id).run()
+    assert "all iterations done, scoring the sealed test split" in texts(at)
+    assert "iteration 2/1" not in texts(at)
+    import json
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    cost = next(f for f in specs if any(a.get("text") == "model calls" for a in f["layout"].get("annotations", [])))
+    assert cost["layout"]["margin"]["t"] >= 60, "room above the plots for the panel titles"
 
 
 def test_human_gate_waits_for_the_review_page(ecdysis_home: Path, svc: Service) -> None:
