@@ -30,22 +30,63 @@ def pct(value: float | None) -> str:
 
 # ---------------------------------------------------------------- runs and jobs
 
-def run_row(run: RunRecord) -> dict[str, Any]:
-    """One line of the runs table; cost is tokens and model calls (local models have no price)."""
+@dataclass(frozen=True)
+class RunNumbers:
+    """A run's numbers as of now: from its stored results while it runs or after a stop (the
+    summary is written only when an execution ends), from its summary once done. `accuracy` is
+    None until an instance is scored: a run with nothing scored has no accuracy, not 0 %."""
+
+    scored: int
+    instances: int
+    correct: int
+    accuracy: float | None
+    tokens: int
+    calls: int
+    cache_hits: int
+    seconds: float | None
+
+    @property
+    def partial(self) -> bool:
+        return self.scored < self.instances
+
+    def accuracy_text(self) -> str:
+        if self.accuracy is None:
+            return "—"
+        return pct(self.accuracy) + (f" of {self.scored} scored" if self.partial else "")
+
+
+def run_numbers(run: RunRecord, results: Sequence[InstanceResult] | None = None) -> RunNumbers:
+    """`results` are the run's stored results (needed unless the run is done)."""
     s = run.summary or {}
-    tokens = int(s.get("prompt_tokens", 0)) + int(s.get("completion_tokens", 0))
+    seconds = float(s.get("wall_seconds_total", s.get("wall_seconds", 0.0))) if s else None
+    if results is None:
+        n = int(s.get("n", len(run.instance_ids) if run.status == "done" else 0))
+        acc = s.get("accuracy") if n else None
+        return RunNumbers(n, len(run.instance_ids), round(float(acc or 0) * n), acc, int(s.get("prompt_tokens", 0))
+                          + int(s.get("completion_tokens", 0)), int(s.get("model_calls", 0)),
+                          int(s.get("cache_hits", 0)), seconds)
+    calls = [c for r in results for c in r.calls]
+    correct = sum(1 for r in results if r.correct)
+    return RunNumbers(len(results), len(run.instance_ids), correct,
+                      correct / len(results) if results else None,
+                      sum(c.prompt_tokens + c.completion_tokens for c in calls), len(calls),
+                      sum(1 for c in calls if c.cache_hit), seconds)
+
+
+def run_row(run: RunRecord, numbers: RunNumbers | None = None) -> dict[str, Any]:
+    """One line of the runs table; cost is tokens and model calls (local models have no price).
+    No cell is left empty (Streamlit shows an empty cell as 'None'): unknown numbers read '—'."""
+    n = numbers or run_numbers(run)
     return {"run": run.id, "started": when(run.created_at), "suite": run.suite, "model": run.model,
             "harness": short(run.harness_version), "split": run.split, "status": run.status,
-            "instances": len(run.instance_ids), "accuracy": s.get("accuracy"),
-            "tokens": tokens if s else None, "model calls": s.get("model_calls"),
-            "cache hits": s.get("cache_hits"),
-            "seconds": round(float(s.get("wall_seconds_total", s.get("wall_seconds", 0.0))), 1) if s else None,
-            "label": run.label}
+            "scored": f"{n.scored}/{n.instances}", "accuracy": n.accuracy_text(),
+            "tokens": n.tokens, "model calls": n.calls, "cache hits": n.cache_hits,
+            "seconds": "—" if n.seconds is None else f"{n.seconds:.1f}", "label": run.label}
 
 
 def run_label(run: RunRecord) -> str:
     acc = (run.summary or {}).get("accuracy")
-    score = f" · {acc:.0%}" if isinstance(acc, (int, float)) else ""
+    score = f" · {acc:.0%}" if isinstance(acc, (int, float)) and (run.summary or {}).get("n") else ""
     return f"{run.id} · {run.model} · {run.suite}/{run.split} · {len(run.instance_ids)} inst{score} · {run.status}"
 
 
@@ -86,7 +127,7 @@ def running_elsewhere(runs: Iterable[RunRecord], jobs: Iterable[JobRecord],
 def result_row(r: InstanceResult) -> dict[str, Any]:
     outcome = "correct" if r.correct else (r.error_type or "wrong")
     return {"instance": r.instance_id, "category": r.category, "outcome": outcome,
-            "answer": (r.answer or "")[:80], "target": r.target[:80], "calls": len(r.calls),
+            "answer": "—" if r.answer is None else r.answer[:80], "target": r.target[:80], "calls": len(r.calls),
             "tokens": r.prompt_tokens + r.completion_tokens, "seconds": round(r.wall_seconds, 2)}
 
 

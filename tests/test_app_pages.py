@@ -175,7 +175,7 @@ def test_runs_page_starts_a_batch_in_the_background(ecdysis_home: Path, svc: Ser
     assert_clean(at)
     table = at.dataframe[0].value
     assert sorted(table["model"]) == ["alpha", "beta"] and set(table["status"]) == {"done"}
-    assert list(table["instances"]) == [4, 4] and all(t > 0 for t in table["tokens"])
+    assert list(table["scored"]) == ["4/4", "4/4"] and all(t > 0 for t in table["tokens"])
     assert "call 1" in texts(at), "the chosen run shows an instance's whole trajectory"
     assert any(m.name == "assistant" for m in at.chat_message)
 
@@ -196,6 +196,76 @@ def test_unfinished_run_offers_resume(world: World, svc: Service) -> None:
     assert_clean(at)
     wait_jobs(svc)
     assert svc.get_run(run.id).status == "done"
+
+
+def _progress_texts(at: AppTest) -> list[str]:
+    return [shown(str(p.proto.text)) for p in at.get("progress")]
+
+
+def test_runs_page_counts_what_is_stored_while_a_run_goes_on(world: World, svc: Service) -> None:
+    """Mid-run the summary is not written yet: the header, the table and the runs list count the
+    stored results (they read 'tokens 0 / calls 0' and 'None' before)."""
+    from dataclasses import replace
+    done = svc.results(world.run_ids[0])
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=10))
+    stored = [replace(r, run_id=run.id) for r in done if r.instance_id in run.instance_ids][:4]
+    svc.store.save_results(stored)
+    run.status = "running"
+    svc.store.update_run(run)  # as the runner leaves it between two results
+    at = open_page("1_runs")
+    assert by_label(at.selectbox, "Run").value == run.id
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["tokens"] == str(sum(r.prompt_tokens + r.completion_tokens for r in stored)) != "0"
+    assert metrics["model calls"] == str(sum(len(r.calls) for r in stored))
+    assert metrics["scored"] == "4/10"
+    assert "4 of 10 instances finished" in texts(at)
+    assert len(next(d.value for d in at.dataframe if "outcome" in d.value.columns)) == 4
+    table = at.dataframe[0].value
+    row = table[table["run"] == run.id].iloc[0]
+    correct = sum(r.correct for r in stored)
+    assert row["scored"] == "4/10" and row["accuracy"] == f"{correct / 4:.1%} of 4 scored"
+    assert not table.isna().any().any() and "None" not in table.astype(str).values, "no cell reads None"
+
+
+def test_stopped_runs_say_how_much_was_scored(world: World, svc: Service) -> None:
+    from dataclasses import replace
+    nothing = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3))
+    svc.execute_run(nothing.id, cancelled=lambda: True)  # stopped before its first instance
+    half = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=4))
+    done = {r.instance_id: r for r in svc.results(world.run_ids[0])}
+    svc.store.save_results([replace(done[i], run_id=half.id) for i in half.instance_ids[:2]])
+    svc.execute_run(half.id, cancelled=lambda: True)  # two done, then stopped
+    assert svc.get_run(nothing.id).status == "cancelled" and len(svc.results(half.id)) == 2
+    at = open_page("1_runs")
+    table = at.dataframe[0].value.set_index("run")
+    assert table.loc[nothing.id, "accuracy"] == "—" and table.loc[nothing.id, "scored"] == "0/3"
+    assert table.loc[half.id, "accuracy"].endswith("of 2 scored") and table.loc[half.id, "scored"] == "2/4"
+    by_label(at.selectbox, "Run").set_value(half.id).run()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["scored"] == "2/4"
+    by_label(at.selectbox, "Run").set_value(nothing.id).run()
+    assert {m.label: m.value for m in at.metric}["accuracy"] == "—", "nothing scored is no accuracy, not 0 %"
+
+
+def test_a_queued_batch_that_is_stopped_is_cancelled_at_once(world: World, svc: Service) -> None:
+    import threading
+    release = threading.Event()
+    blockers = [svc.jobs.submit("run", {}, lambda ctx: (release.wait(60), {})[1]) for _ in range(2)]
+    try:
+        job_id = svc.start_run_job(RunRequest(suite="reasoning-mix", model="alpha", limit=2))
+        assert svc.job(job_id).status == "queued", "both worker slots are busy"
+        at = open_page("1_runs")
+        assert any("queued" in t for t in _progress_texts(at))
+        at.button(key=f"runs:stop:{job_id}").click().run()
+        assert not at.exception
+        assert svc.job(job_id).status == "cancelled", "stopped while queued: cancelled, not 'stopping…'"
+        at.run()
+        assert not [t for t in _progress_texts(at) if job_id in t]
+    finally:
+        release.set()
+    wait_jobs(svc)
+    assert svc.job(job_id).status == "cancelled" and not svc.results(svc.job(job_id).params["run_id"])
+    assert {svc.job(b).status for b in blockers} == {"done"}
 
 
 # ---------------------------------------------------------------- clusters and diagnoses
