@@ -12,6 +12,8 @@ from app.views import MapPoint, StrategyStats, clusters, cluster_title
 
 VERDICT_COLORS: dict[str, str] = {"harness-level": "#c53948", "model-specific": "#e0a030", "noise": "#9a968c"}
 STRATEGY_COLORS: dict[str, str] = {"ecdysis": "#c53948", "per-instance": "#3b6fb6"}
+# Models are told apart by colours that no verdict uses: a red bar would read "harness-level".
+MODEL_PALETTE = ["#3b6fb6", "#2f8f6b", "#7a4bb0", "#4f9fb0", "#b0497a", "#6b8e23", "#8c6d46"]
 PALETTE = ["#c53948", "#3b6fb6", "#2f8f6b", "#e0a030", "#7a4bb0", "#d9731a", "#4f9fb0", "#9a968c",
            "#b0497a", "#6b8e23"]
 
@@ -39,9 +41,15 @@ def cluster_sizes(report: Mapping[str, Any], height: int = 320) -> go.Figure:
                           "<br>systematicity %{customdata[1]:.2f}<extra>" + verdict + "</extra>")
     order = [chart(cluster_title(c, 42)) for c in rows]
     fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order)), automargin=True)
-    fig.update_xaxes(title_text="failures")
+    fig.update_xaxes(title_text="failures", **count_axis(max((c["size"] for c in rows), default=1)))
     return _layout(fig, height=max(height, 60 + 28 * len(rows)), title="Cluster sizes by verdict",
                    barmode="stack")
+
+
+def count_axis(largest: int, ticks: int = 6) -> dict[str, Any]:
+    """Axis settings for a count: whole-number ticks only (no '0.2 failures')."""
+    step = max(1, -(-int(largest) // ticks))
+    return {"tick0": 0, "dtick": step, "tickformat": "d", "rangemode": "tozero"}
 
 
 def category_heatmap(report: Mapping[str, Any], height: int = 320) -> go.Figure:
@@ -60,10 +68,12 @@ def category_heatmap(report: Mapping[str, Any], height: int = 320) -> go.Figure:
 
 def model_comparison(report: Mapping[str, Any], height: int = 320) -> go.Figure:
     """For each cluster, the share of its instances each model ran on which the model fails this
-    way: equal bars point at the harness, one tall bar at a model's quirk."""
+    way: equal bars point at the harness, one tall bar at a model's quirk. Each bar names its
+    model in the legend, even when only one model ran (then the chart says so in its title)."""
     rows = clusters(report)
     models = sorted({m for c in rows for m in c.get("model_rates", {}) or c.get("models", {})})
     fig = go.Figure()
+    ticks = [f"{c['id']} · {c['verdict']}" for c in rows]
     for i, model in enumerate(models):
         rates, texts = [], []
         for c in rows:
@@ -75,12 +85,15 @@ def model_comparison(report: Mapping[str, Any], height: int = 320) -> go.Figure:
             else:
                 rates.append(0.0)
                 texts.append(str(c.get("models", {}).get(model, 0)))
-        fig.add_bar(x=[c["id"] for c in rows], y=rates, name=chart(model), text=texts, textposition="outside",
-                    marker_color=PALETTE[i % len(PALETTE)],
+        fig.add_bar(x=ticks, y=rates, name=chart(model), text=texts, textposition="outside", showlegend=True,
+                    marker_color=MODEL_PALETTE[i % len(MODEL_PALETTE)], cliponaxis=False,
                     hovertemplate="%{x} · " + chart(model) + ": %{text} instances<extra></extra>")
     fig.update_yaxes(title_text="share of instances", tickformat=".0%", range=[0, 1.15])
     fig.update_xaxes(type="category")
-    return _layout(fig, height=height, title="Cluster × model", barmode="group")
+    title = "Cluster × model" if len(models) != 1 else "Cluster × model (one model ran: no cross-model evidence)"
+    _layout(fig, height=height, title=title, barmode="group")
+    fig.update_layout(showlegend=True)
+    return fig
 
 
 def failure_map_figure(points: Sequence[MapPoint], height: int = 320) -> go.Figure:
@@ -92,7 +105,8 @@ def failure_map_figure(points: Sequence[MapPoint], height: int = 320) -> go.Figu
         fig.add_scatter(x=[p.x for p in mine], y=[p.y for p in mine], mode="markers", name=cid,
                         marker={"size": 9, "color": PALETTE[i % len(PALETTE)], "opacity": 0.8,
                                 "line": {"width": 0.5, "color": "white"}},
-                        customdata=[[chart(p.instance), chart(p.model), chart(p.category), chart(p.excerpt[:120])] for p in mine],
+                        customdata=[[chart(p.instance), chart(p.model), chart(p.category), chart(p.excerpt[:120]),
+                                     p.cluster_id, p.member] for p in mine],
                         hovertemplate="%{customdata[0]} · %{customdata[1]} · %{customdata[2]}"
                                       "<br>%{customdata[3]}<extra>" + cid + "</extra>")
     fig.update_xaxes(showticklabels=False, title_text="evidence · component 1", zeroline=False)

@@ -31,7 +31,8 @@ def _suite_select(suites: Sequence[dict[str, Any]], key: str, container: Any) ->
     default = names.index("reasoning-mix") if "reasoning-mix" in names else 0
     return container.selectbox(
         "Suite", names, index=default, key=key,
-        format_func=lambda n: f"{n} ({sizes[n]['size']} instances, {len(sizes[n]['categories'])} categories)")
+        format_func=lambda n: (f"{n} ({views.count(sizes[n]['size'], 'instance')}, "
+                               f"{views.count(len(sizes[n]['categories']), 'category', 'categories')})"))
 
 
 def _models(default_models: Sequence[str], key: str, container: Any) -> list[str]:

@@ -28,6 +28,11 @@ def pct(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
 
 
+def count(n: int, one: str, many: str | None = None) -> str:
+    """'1 failure', '2 failures', '1 category', '3 categories'."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 # ---------------------------------------------------------------- runs and jobs
 
 @dataclass(frozen=True)
@@ -137,8 +142,8 @@ def diagnosis_label(rec: DiagnosisRecord) -> str:
     rep = rec.report
     stats = rep.get("stats", {})
     models = ", ".join(rep.get("models", []))
-    return (f"{rec.id} · {when(rec.created_at)} · {len(rec.run_ids)} run(s) · {models} · "
-            f"{stats.get('failures', 0)} failures → {len(rep.get('clusters', []))} clusters")
+    return (f"{rec.id} · {when(rec.created_at)} · {count(len(rec.run_ids), 'run')} · {models} · "
+            f"{count(int(stats.get('failures', 0)), 'failure')} → {count(len(rep.get('clusters', [])), 'cluster')}")
 
 
 def clusters(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -214,6 +219,12 @@ class MapPoint:
     model: str
     category: str
     excerpt: str
+    run_id: str = ""
+
+    @property
+    def member(self) -> str:
+        """The drill-down's key for this failure: `run id/instance id`."""
+        return f"{self.run_id}/{self.instance}"
 
 
 def _jitter(key: str, scale: float) -> tuple[float, float]:
@@ -235,7 +246,7 @@ def failure_map(report: Mapping[str, Any]) -> list[MapPoint]:
     for (cid, m), (x, y) in zip(members, coords):
         dx, dy = _jitter(f"{m['run_id']}/{m['instance_id']}", 0.04 * span)
         points.append(MapPoint(float(x) + dx, float(y) + dy, cid, m["instance_id"], m["model"],
-                               m["category"], m.get("excerpt", "")))
+                               m["category"], m.get("excerpt", ""), m["run_id"]))
     return points
 
 

@@ -285,6 +285,44 @@ def test_clusters_page_charts_and_drilldown(world: World, svc: Service) -> None:
     assert any(m.name == "assistant" for m in at.chat_message), "every prompt and response of the instance"
 
 
+def test_clusters_page_while_a_diagnosis_runs_does_not_invite_another(ecdysis_home: Path, svc: Service) -> None:
+    from ecdysis.store import JobRecord
+    register_models()
+    fresh = svc.run(RunRequest(suite="reasoning-mix", model="alpha", limit=3)).run_id
+    now = time.time()
+    svc.store.create_job(JobRecord(id="jdiag", kind="diagnose", params={"run_ids": [fresh]}, status="running",
+                                   total=1, message="clustering failures", created_at=now, updated_at=now))
+    at = open_page("2_clusters")
+    assert "A diagnosis is running." in texts(at)
+    assert "No diagnosis yet" not in texts(at) and "press Cluster and diagnose" not in texts(at)
+    assert any("clustering failures" in t for t in _progress_texts(at))
+
+
+def test_cluster_charts_with_one_model_count_and_colour_honestly(world: World, svc: Service) -> None:
+    """One model: its bars are named in a legend and the title says there is no cross-model
+    evidence; no model is painted in a verdict's colour; counts have whole ticks and words agree
+    with their numbers ('1 failure', never '1 failures')."""
+    import json
+    from app.charts import VERDICT_COLORS
+    one = svc.diagnose([world.run_ids[0]])
+    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.session_state["_remember:diagnosis"] = one.id
+    at.run()
+    at.switch_page("../pages/2_clusters.py").run()
+    assert_clean(at)
+    figures = {json.loads(c.proto.spec)["layout"]["title"]["text"].split(" (")[0]: json.loads(c.proto.spec)
+               for c in at.get("plotly_chart")}
+    by_model = figures["Cluster × model"]
+    assert "no cross-model evidence" in by_model["layout"]["title"]["text"]
+    assert by_model["layout"]["showlegend"] is True and [t["name"] for t in by_model["data"]] == ["alpha"]
+    assert not {t["marker"]["color"] for t in by_model["data"]} & set(VERDICT_COLORS.values())
+    sizes = figures["Cluster sizes by verdict"]["layout"]["xaxis"]
+    assert sizes["dtick"] >= 1 and sizes["tickformat"] == "d", "no 0.2-failure ticks"
+    words = texts(at) + "\n".join(str(o) for s in at.selectbox for o in s.options)
+    assert not re.findall(r"\b1 (?:failures|categories|instances|clusters|runs)\b", words), \
+        re.findall(r".{30}\b1 (?:failures|categories|instances|clusters|runs)\b", words)
+
+
 def test_diagnoses_page_reads_like_a_chat(world: World) -> None:
     at = open_page("3_diagnoses")
     names = {m.name for m in at.chat_message}
