@@ -170,10 +170,16 @@ def evaluate_offer(svc: Service, p: ProposalRecord, version_id: str, parent_id: 
     if right.button(f"Evaluate on {ui.md(suite)} validation with {ui.md(', '.join(models))} (new and parent version)",
                     key=f"evaluate:{p.id}", icon=":material/science:"):
         with shown_errors():
+            started: dict[str, str] = {}
             for model in models:
-                for harness, tag in ((version_id, "applied"), (parent_id, "parent")):
+                for harness, tag in ((parent_id, "parent"), (version_id, "applied")):
                     if harness:
-                        svc.start_run_job(RunRequest(suite=suite, model=model, harness=harness, split="validation",
-                                                     limit=int(size), label=f"evaluate {tag} of {p.id}"))
-            st.success("Evaluation started.")
-            ui.page_link("runs", "Watch it on Runs", ":material/play_circle:")
+                        run_id = svc.job(svc.start_run_job(RunRequest(
+                            suite=suite, model=model, harness=harness, split="validation", limit=int(size),
+                            label=f"evaluate {tag} of {p.id}"))).params["run_id"]
+                        started.setdefault(tag, run_id)
+            # The Runs page's comparison opens on the parent (A) against the applied version (B).
+            remember("compare_a", started.get("parent"))
+            remember("compare_b", started.get("applied"))
+            st.success("Evaluation started: the parent and the new version on the same validation instances.")
+            ui.page_link("runs", "Compare them instance by instance on Runs", ":material/play_circle:")

@@ -515,3 +515,64 @@ def lineage_dot(harnesses: Sequence[HarnessVersion], scores: Mapping[str, float]
             lines.append(f'"{p.harness_version}" -> "{p.id}" [style=dotted, color="#c53948"];')
     lines.append("}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- two runs, instance by instance
+
+PAIR_ORDER = ("fixed", "broken", "still wrong", "still right")
+
+
+@dataclass(frozen=True)
+class PairedRuns:
+    """Two runs (two harness versions, or two models) on the instances both scored: each instance
+    fixed (wrong in A, right in B), broken (the reverse) or unchanged (still right, still wrong)."""
+
+    rows: list[dict[str, Any]]
+    only_a: int
+    only_b: int
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for r in self.rows if r["change"] == outcome)
+
+    def sentence(self) -> str:
+        n = len(self.rows)
+        if not n:
+            return "The two runs share no scored instance."
+        acc_a = sum(1 for r in self.rows if r["A"] == "correct") / n
+        acc_b = sum(1 for r in self.rows if r["B"] == "correct") / n
+        return (f"On the {count(n, 'instance')} both scored: {self.count('fixed')} fixed, {self.count('broken')} "
+                f"broken, {self.count('still right') + self.count('still wrong')} unchanged "
+                f"({self.count('still right')} still right, {self.count('still wrong')} still wrong); "
+                f"accuracy {pct(acc_a)} → {pct(acc_b)}.")
+
+
+def pair_runs(a: Sequence[InstanceResult], b: Sequence[InstanceResult]) -> PairedRuns:
+    """Pair two runs' results by instance id; changes first (fixed, broken), then the unchanged."""
+    by_b = {r.instance_id: r for r in b}
+    rows = []
+    for ra in a:
+        rb = by_b.get(ra.instance_id)
+        if rb is None:
+            continue
+        change = ("fixed" if rb.correct else "still wrong") if not ra.correct else ("still right" if rb.correct
+                                                                                      else "broken")
+        rows.append({"change": change, "instance": ra.instance_id, "category": ra.category,
+                     "A": "correct" if ra.correct else (ra.error_type or "wrong"),
+                     "B": "correct" if rb.correct else (rb.error_type or "wrong"),
+                     "answer A": "—" if ra.answer is None else ra.answer[:60],
+                     "answer B": "—" if rb.answer is None else rb.answer[:60], "target": ra.target[:60]})
+    rows.sort(key=lambda r: (PAIR_ORDER.index(r["change"]), r["instance"]))
+    a_ids, b_ids = {r.instance_id for r in a}, set(by_b)
+    return PairedRuns(rows, len(a_ids - b_ids), len(b_ids - a_ids))
+
+
+def comparable_pair(runs: Sequence[RunRecord]) -> tuple[str, str] | None:
+    """A default pair to compare: the newest two runs of one suite and split that differ in
+    harness version or model (e.g. an applied version and its parent, evaluated together)."""
+    for i, newer in enumerate(runs):
+        for older in runs[i + 1:]:
+            if (older.suite, older.split) == (newer.suite, newer.split) and \
+                    (older.harness_version, older.model) != (newer.harness_version, newer.model) and \
+                    set(older.instance_ids) & set(newer.instance_ids):
+                return older.id, newer.id
+    return None

@@ -227,6 +227,31 @@ def test_runs_page_counts_what_is_stored_while_a_run_goes_on(world: World, svc: 
     assert not table.isna().any().any() and "None" not in table.astype(str).values, "no cell reads None"
 
 
+def test_two_models_compared_instance_by_instance(world: World, svc: Service) -> None:
+    at = open_page("1_runs")
+    a, b = by_label(at.selectbox, "A (before)").value, by_label(at.selectbox, "B (after)").value
+    assert {svc.get_run(a).model, svc.get_run(b).model} == {"alpha", "beta"}, "two models, same instances"
+    before = {r.instance_id: r for r in svc.results(a)}
+    after = {r.instance_id: r for r in svc.results(b)}
+    fixed = sorted(i for i in before if after[i].correct and not before[i].correct)
+    broken = sorted(i for i in before if before[i].correct and not after[i].correct)
+    assert {m.label: int(m.value) for m in at.metric if m.label in ("fixed", "broken")} == \
+        {"fixed": len(fixed), "broken": len(broken)}
+    if fixed or broken:
+        rows = next(d.value for d in at.dataframe if "change" in d.value.columns)
+        assert sorted(rows["instance"]) == sorted(fixed + broken), "fixed and broken shown first, by default"
+    else:
+        assert "No instance is fixed or broken." in texts(at)
+    at.get("button_group")[0].set_value(["fixed", "broken", "still wrong", "still right"]).run()
+    rows = next(d.value for d in at.dataframe if "change" in d.value.columns)
+    change = {i: ("fixed" if after[i].correct else "still wrong") if not before[i].correct
+              else ("still right" if after[i].correct else "broken") for i in before}
+    assert dict(zip(rows["instance"], rows["change"])) == change
+    assert "What differs: model" in texts(at) and "harness" not in texts(at).split("What differs:")[1][:60]
+    by_label(at.selectbox, "B (after)").set_value(a).run()
+    assert "Pick two different runs." in texts(at)
+
+
 def test_stopped_runs_say_how_much_was_scored(world: World, svc: Service) -> None:
     from dataclasses import replace
     nothing = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3))
@@ -354,6 +379,23 @@ def test_review_approve_apply_then_evaluate(world: World, svc: Service) -> None:
     assert {(r.harness_version, r.split) for r in evaluations} >= {(applied.id, "validation"),
                                                                    (applied.parent, "validation")}
     wait_jobs(svc)
+    # The two evaluation runs open side by side on Runs: instance by instance, with the diff.
+    at.switch_page("../pages/1_runs.py").run()
+    assert_clean(at)
+    a, b = by_label(at.selectbox, "A (before)").value, by_label(at.selectbox, "B (after)").value
+    assert (svc.get_run(a).harness_version, svc.get_run(b).harness_version) == (applied.parent, applied.id)
+    assert svc.get_run(a).model == svc.get_run(b).model
+    before = {r.instance_id: r.correct for r in svc.results(a)}
+    after = {r.instance_id: r.correct for r in svc.results(b)}
+    both = before.keys() & after.keys()
+    expected = {"fixed": sum(after[i] and not before[i] for i in both),
+                "broken": sum(before[i] and not after[i] for i in both),
+                "still right": sum(before[i] and after[i] for i in both),
+                "still wrong": sum(not before[i] and not after[i] for i in both)}
+    metrics = {m.label: int(m.value) for m in at.metric if m.label in expected}
+    assert metrics == expected and sum(expected.values()) == len(both) > 0
+    assert f"{expected['fixed']} fixed, {expected['broken']} broken" in texts(at)
+    assert any("<ins>" in h or "class=\"add\"" in h for h in html_of(at)), "the harness diff from A to B"
 
 
 def test_review_reject_needs_a_reason_and_confirms(world: World, svc: Service) -> None:
