@@ -41,6 +41,17 @@ def apply_follow() -> str:
     return str(st.session_state[FILTER_KEY] or "pending")
 
 
+def next_pending(svc: Service, current: str | None) -> None:
+    """One control (and Alt+N) to the next proposal waiting for a decision, whatever is shown."""
+    pending = [p.id for p in svc.proposals(status="pending")]
+    after = [pid for pid in pending if pid != current]
+    if st.button(f"Next pending ({len(after)})", key="review:next", icon=":material/skip_next:", disabled=not after,
+                 shortcut="Alt+N", help="the next proposal that waits for a decision"):
+        follow("pending")
+        remember("proposal", after[0])
+        st.rerun()
+
+
 def header(svc: Service, p: ProposalRecord, title: str) -> None:
     head, badge = st.columns([6, 1], vertical_alignment="center")
     head.markdown(f"### {ui.md(title)}")
@@ -97,7 +108,7 @@ def decisions(svc: Service, p: ProposalRecord, who: str) -> None:
     Reject button form one form, so a single click sends the reason as typed (a plain text box
     sends its value only when it loses focus, and a button disabled until then needs two clicks)."""
     approve, reject = st.columns([1, 3], vertical_alignment="bottom")
-    if approve.button("Approve", key=f"approve:{p.id}", type="primary", icon=":material/check:"):
+    if approve.button("Approve", key=f"approve:{p.id}", type="primary", icon=":material/check:", shortcut="Alt+A"):
         with shown_errors():
             svc.decide(p.id, "approve", who=who)
             follow("approved", f"Approved {p.id}.{_left(svc)}")

@@ -30,6 +30,7 @@ with shown_errors():
                          {p.id: views.proposal_label(p, titles) for p in proposals},
                          key="review:proposal", memory="proposal")
         proposal = svc.get_proposal(chosen) if chosen else None
+        rv.next_pending(svc, chosen)
         if proposal is not None:
             rv.header(svc, proposal, full.get(f"{proposal.diagnosis_id}/{proposal.cluster_id}", proposal.cluster_id))
             rv.details(proposal)

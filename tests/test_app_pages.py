@@ -414,6 +414,11 @@ def test_review_reject_needs_a_reason_and_confirms(world: World, svc: Service) -
     assert any(f"Rejected {pid} — too specific to dates." in s and "left to review" in s for s in confirmed), confirmed
     assert by_label(at.segmented_control, "Show").value == "rejected", "the rejected proposal stays in view"
     assert by_label(at.selectbox, "Proposal").value == pid
+    pending = [p.id for p in svc.proposals(status="pending")]
+    at.button(key="review:next").click().run()
+    assert_clean(at)
+    assert by_label(at.segmented_control, "Show").value == "pending"
+    assert by_label(at.selectbox, "Proposal").value in pending and pending
 
 
 def test_review_edit_updates_the_diff_and_records_the_files(world: World, svc: Service) -> None:
