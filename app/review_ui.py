@@ -57,7 +57,10 @@ def header(svc: Service, p: ProposalRecord, title: str) -> None:
     head.markdown(f"### {ui.md(title)}")
     with badge:
         st.badge(p.status, color=ui.STATUS_BADGE.get(p.status, "gray"))  # type: ignore[arg-type]
-    st.caption(f"proposal {p.id} · diagnosis {p.diagnosis_id} · cluster {p.cluster_id} · "
+    evolution = views.evolution_of(p, svc.evolutions())
+    origin = (f"evolution {evolution.id} ({evolution.strategy}, iteration "
+              f"{views.evolution_iteration_of(p, evolution)})" if evolution else "a diagnosis started by hand")
+    st.caption(f"proposal {p.id} · from {ui.md(origin)} · diagnosis {p.diagnosis_id} · cluster {p.cluster_id} · "
                f"applies to harness {views.short(p.harness_version, 12)} · {views.when(p.created_at)}")
     for d in svc.decisions(p.id):
         why = f" — {ui.md(d.reason)}" if d.reason else ""

@@ -282,6 +282,15 @@ def evolution_of(proposal: ProposalRecord, evolutions: Iterable[EvolutionRecord]
     return next((e for e in evolutions if proposal.diagnosis_id in e.result.get("diagnoses", [])), None)
 
 
+def evolution_iteration_of(proposal: ProposalRecord, evolution: EvolutionRecord) -> str:
+    """The iteration of `evolution` whose diagnosis made the proposal ('?' when not recorded)."""
+    for row in evolution.iterations:
+        if row.get("diagnosis_id") == proposal.diagnosis_id:
+            return str(row.get("iteration"))
+    cursor = evolution.result.get("cursor", {})
+    return str(cursor.get("iteration", "?")) if cursor.get("diagnosis_id") == proposal.diagnosis_id else "?"
+
+
 def applied_version(proposal_id: str, harnesses: Iterable[HarnessVersion]) -> HarnessVersion | None:
     return next((h for h in harnesses
                  if any(a.get("proposal_id") == proposal_id for a in h.metrics.get("applied", []))), None)

@@ -363,6 +363,7 @@ def test_review_approve_apply_then_evaluate(world: World, svc: Service) -> None:
     at = open_page("4_review")
     pid = by_label(at.selectbox, "Proposal").value
     assert at.get("html"), "the diff is rendered (diff-match-patch side by side)"
+    assert "from a diagnosis started by hand" in texts(at)
     at.button(key=f"approve:{pid}").click().run()
     assert_clean(at)
     assert svc.get_proposal(pid).status == "approved"
@@ -583,6 +584,7 @@ def test_human_gate_waits_for_the_review_page(ecdysis_home: Path, svc: Service) 
     assert any("Waiting for your decision" in w.value for w in at.warning)
     review = open_page("4_review")
     assert f"This proposal belongs to evolution {evo.id}" in texts(review)
+    assert f"from evolution {evo.id} (ecdysis, iteration 1)" in texts(review)
     for _ in svc.proposals(status="pending"):
         pid = by_label(review.selectbox, "Proposal").value
         review.button(key=f"approve:{pid}").click().run()
