@@ -12,6 +12,8 @@ from app.views import MapPoint, StrategyStats, clusters, cluster_title
 
 VERDICT_COLORS: dict[str, str] = {"harness-level": "#c53948", "model-specific": "#e0a030", "noise": "#9a968c"}
 STRATEGY_COLORS: dict[str, str] = {"ecdysis": "#c53948", "per-instance": "#3b6fb6"}
+# Models are told apart by colours that no verdict uses: a red bar would read "harness-level".
+MODEL_PALETTE = ["#3b6fb6", "#2f8f6b", "#7a4bb0", "#4f9fb0", "#b0497a", "#6b8e23", "#8c6d46"]
 PALETTE = ["#c53948", "#3b6fb6", "#2f8f6b", "#e0a030", "#7a4bb0", "#d9731a", "#4f9fb0", "#9a968c",
            "#b0497a", "#6b8e23"]
 
@@ -39,9 +41,15 @@ def cluster_sizes(report: Mapping[str, Any], height: int = 320) -> go.Figure:
                           "<br>systematicity %{customdata[1]:.2f}<extra>" + verdict + "</extra>")
     order = [chart(cluster_title(c, 42)) for c in rows]
     fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order)), automargin=True)
-    fig.update_xaxes(title_text="failures")
+    fig.update_xaxes(title_text="failures", **count_axis(max((c["size"] for c in rows), default=1)))
     return _layout(fig, height=max(height, 60 + 28 * len(rows)), title="Cluster sizes by verdict",
                    barmode="stack")
+
+
+def count_axis(largest: int, ticks: int = 6) -> dict[str, Any]:
+    """Axis settings for a count: whole-number ticks only (no '0.2 failures')."""
+    step = max(1, -(-int(largest) // ticks))
+    return {"tick0": 0, "dtick": step, "tickformat": "d", "rangemode": "tozero"}
 
 
 def category_heatmap(report: Mapping[str, Any], height: int = 320) -> go.Figure:
@@ -60,10 +68,12 @@ def category_heatmap(report: Mapping[str, Any], height: int = 320) -> go.Figure:
 
 def model_comparison(report: Mapping[str, Any], height: int = 320) -> go.Figure:
     """For each cluster, the share of its instances each model ran on which the model fails this
-    way: equal bars point at the harness, one tall bar at a model's quirk."""
+    way: equal bars point at the harness, one tall bar at a model's quirk. Each bar names its
+    model in the legend, even when only one model ran (then the chart says so in its title)."""
     rows = clusters(report)
     models = sorted({m for c in rows for m in c.get("model_rates", {}) or c.get("models", {})})
     fig = go.Figure()
+    ticks = [f"{c['id']} · {c['verdict']}" for c in rows]
     for i, model in enumerate(models):
         rates, texts = [], []
         for c in rows:
@@ -75,12 +85,15 @@ def model_comparison(report: Mapping[str, Any], height: int = 320) -> go.Figure:
             else:
                 rates.append(0.0)
                 texts.append(str(c.get("models", {}).get(model, 0)))
-        fig.add_bar(x=[c["id"] for c in rows], y=rates, name=chart(model), text=texts, textposition="outside",
-                    marker_color=PALETTE[i % len(PALETTE)],
+        fig.add_bar(x=ticks, y=rates, name=chart(model), text=texts, textposition="outside", showlegend=True,
+                    marker_color=MODEL_PALETTE[i % len(MODEL_PALETTE)], cliponaxis=False,
                     hovertemplate="%{x} · " + chart(model) + ": %{text} instances<extra></extra>")
     fig.update_yaxes(title_text="share of instances", tickformat=".0%", range=[0, 1.15])
     fig.update_xaxes(type="category")
-    return _layout(fig, height=height, title="Cluster × model", barmode="group")
+    title = "Cluster × model" if len(models) != 1 else "Cluster × model (one model ran: no cross-model evidence)"
+    _layout(fig, height=height, title=title, barmode="group")
+    fig.update_layout(showlegend=True)
+    return fig
 
 
 def failure_map_figure(points: Sequence[MapPoint], height: int = 320) -> go.Figure:
@@ -92,7 +105,8 @@ def failure_map_figure(points: Sequence[MapPoint], height: int = 320) -> go.Figu
         fig.add_scatter(x=[p.x for p in mine], y=[p.y for p in mine], mode="markers", name=cid,
                         marker={"size": 9, "color": PALETTE[i % len(PALETTE)], "opacity": 0.8,
                                 "line": {"width": 0.5, "color": "white"}},
-                        customdata=[[chart(p.instance), chart(p.model), chart(p.category), chart(p.excerpt[:120])] for p in mine],
+                        customdata=[[chart(p.instance), chart(p.model), chart(p.category), chart(p.excerpt[:120]),
+                                     p.cluster_id, p.member] for p in mine],
                         hovertemplate="%{customdata[0]} · %{customdata[1]} · %{customdata[2]}"
                                       "<br>%{customdata[3]}<extra>" + cid + "</extra>")
     fig.update_xaxes(showticklabels=False, title_text="evidence · component 1", zeroline=False)
@@ -101,37 +115,57 @@ def failure_map_figure(points: Sequence[MapPoint], height: int = 320) -> go.Figu
 
 
 def evolution_curves(series: Sequence[tuple[str, str, Sequence[Mapping[str, Any]], float | None]],
-                     height: int = 340) -> go.Figure:
+                     height: int = 340, base: float | None = None) -> go.Figure:
     """Validation accuracy per iteration for each evolution, and its held-out test accuracy as a
-    final marker. `series` holds (name, strategy, iteration rows, test accuracy)."""
+    final marker. `series` holds (name, strategy, iteration rows, test accuracy); `base`, the
+    starting version's validation accuracy, is drawn at iteration 0 so that even one iteration
+    reads as a change from somewhere. The accuracy axis spans the data, not always 0–100 %."""
     fig = go.Figure()
+    values: list[float] = [] if base is None else [base]
+    last_x = 0
     for i, (name, strategy, rows, test) in enumerate(series):
         color = STRATEGY_COLORS.get(strategy, PALETTE[(i + 2) % len(PALETTE)])
         xs = [int(r.get("iteration") or i) for i, r in enumerate(rows, start=1)]
-        fig.add_scatter(x=xs, y=[r.get("val_accuracy") for r in rows], mode="lines+markers",
-                        name=f"{name} validation", line={"color": color, "width": 2.5})
-        if any(r.get("train_accuracy") is not None for r in rows):
-            fig.add_scatter(x=xs, y=[r.get("train_accuracy") for r in rows], mode="lines",
+        ys = [r.get("val_accuracy") for r in rows]
+        if base is not None:
+            xs, ys = [0, *xs], [base, *ys]
+        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=f"{name} validation",
+                        line={"color": color, "width": 2.5}, marker={"size": 9})
+        train = [r.get("train_accuracy") for r in rows]
+        if any(t is not None for t in train):
+            fig.add_scatter(x=[x for x in xs if x > 0], y=train, mode="lines+markers",
                             name=f"{name} train batch", line={"color": color, "width": 1, "dash": "dot"})
+        values += [float(v) for v in [*ys, *train] if isinstance(v, (int, float))]
+        last_x = max([last_x, *xs])
         if test is not None:
             fig.add_scatter(x=[(max(xs) if xs else 0) + 1], y=[test], mode="markers+text", name=f"{name} test",
                             marker={"symbol": "star", "size": 14, "color": color}, text=[f"{test:.0%}"],
-                            textposition="top center")
-    fig.update_xaxes(title_text="iteration (star: sealed test split, scored once)", dtick=1)
-    fig.update_yaxes(title_text="accuracy", tickformat=".0%", range=[-0.02, 1.05])
+                            textposition="top center", cliponaxis=False)
+            values.append(float(test))
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    pad = max(0.05, (0.3 - (high - low)) / 2)
+    ticks = list(range(0 if base is not None else 1, last_x + 2))
+    fig.update_xaxes(title_text="iteration (0: the starting version; star: sealed test split, scored once)",
+                     tickvals=ticks, ticktext=["base" if t == 0 else str(t) for t in ticks],
+                     range=[ticks[0] - 0.4, ticks[-1] + 0.4])
+    fig.update_yaxes(title_text="accuracy", tickformat=".0%", range=[max(-0.02, low - pad), min(1.05, high + pad)])
     _layout(fig, height=height, title="Accuracy per iteration")
     fig.update_layout(legend={"orientation": "h", "y": -0.32, "x": 0}, margin={"b": 70})
     return fig
 
 
-def cost_bars(stats: Sequence[StrategyStats], height: int = 260) -> go.Figure:
-    """Training time and model calls per evolution, side by side."""
+def cost_bars(stats: Sequence[StrategyStats], height: int = 280) -> go.Figure:
+    """Training time and model calls per evolution, side by side. The panel titles sit above the
+    plot area, so the figure keeps a top margin for them (without one they were cut off)."""
     from plotly.subplots import make_subplots
     fig = make_subplots(rows=1, cols=2, subplot_titles=("training time (s)", "model calls"))
     names = [f"{s.strategy} {s.evolution_id[:6]}" for s in stats]
     colors = [STRATEGY_COLORS.get(s.strategy, "#9a968c") for s in stats]
     fig.add_bar(x=names, y=[s.train_seconds for s in stats], marker_color=colors, row=1, col=1, showlegend=False,
-                text=[f"{s.train_seconds:.0f}" for s in stats], textposition="outside")
+                text=[f"{s.train_seconds:.0f}" for s in stats], textposition="outside", cliponaxis=False)
     fig.add_bar(x=names, y=[s.model_calls for s in stats], marker_color=colors, row=1, col=2, showlegend=False,
-                text=[str(s.model_calls) for s in stats], textposition="outside")
-    return _layout(fig, height=height)
+                text=[str(s.model_calls) for s in stats], textposition="outside", cliponaxis=False)
+    fig.update_yaxes(rangemode="tozero")
+    _layout(fig, height=height, title="Cost of training")
+    fig.update_layout(margin={"t": 72})
+    return fig

@@ -55,6 +55,20 @@ def _select_from_chart(chart_key: str, memory: str) -> None:
         remember(memory, str(points[0]["customdata"][0]))
 
 
+def _member_memory(report: Mapping[str, Any]) -> str:
+    return f"member:{report.get('id', '')}"
+
+
+def _select_from_map(chart_key: str, report: Mapping[str, Any]) -> None:
+    """Clicking a failure on the map opens it below: its cluster, and its trajectory."""
+    state = st.session_state.get(chart_key)
+    points = getattr(getattr(state, "selection", None), "points", None) or []
+    data = points[0].get("customdata") if points else None
+    if data and len(data) >= 6:
+        remember(_cluster_memory(report), str(data[4]))
+        remember(_member_memory(report), str(data[5]))
+
+
 def cluster_charts(report: Mapping[str, Any]) -> None:
     """Sizes by verdict | cluster x category, then cluster x model | the 2-D failure map."""
     if not views.clusters(report):
@@ -71,13 +85,18 @@ def cluster_charts(report: Mapping[str, Any]) -> None:
     with low_left:
         st.plotly_chart(charts.model_comparison(report), config={"displayModeBar": False})
     with low_right:
-        st.plotly_chart(charts.failure_map_figure(views.failure_map(report)), config={"displayModeBar": False})
+        map_key = f"map:{report.get('id')}"
+        st.plotly_chart(charts.failure_map_figure(views.failure_map(report)), key=map_key,
+                        on_select=lambda: _select_from_map(map_key, report), selection_mode="points",
+                        config={"displayModeBar": False})
+        st.caption("Click a failure to open its trajectory below.")
 
 
 def pick_cluster(report: Mapping[str, Any], key: str) -> dict[str, Any] | None:
     rows = views.clusters(report)
     by_id = {c["id"]: c for c in rows}
-    labels = {c["id"]: f"{views.cluster_title(c, 70)} · {c['verdict']} · {c['size']} failures" for c in rows}
+    labels = {c["id"]: f"{views.cluster_title(c, 70)} · {c['verdict']} · {views.count(c['size'], 'failure')}"
+              for c in rows}
     chosen = ui.pick("Cluster", list(by_id), labels, key=key, memory=_cluster_memory(report))
     return by_id.get(chosen or "")
 
@@ -94,7 +113,8 @@ def drilldown(svc: Service, report: Mapping[str, Any]) -> None:
                  column_config={"evidence": st.column_config.TextColumn("evidence", width="large")})
     options = [f"{r['run']}/{r['instance']}" for r in rows]
     labels = {f"{r['run']}/{r['instance']}": f"{r['instance']} · {r['model']} · {r['category']}" for r in rows}
-    chosen = ui.pick("Trajectory of instance", options, labels, key=f"member:{report.get('id')}:{cluster['id']}")
+    chosen = ui.pick("Trajectory of instance", options, labels, key=f"member:{report.get('id')}:{cluster['id']}",
+                     memory=_member_memory(report))
     if chosen:
         run_id, _, instance_id = chosen.partition("/")
         row = next(r for r in rows if f"{r['run']}/{r['instance']}" == chosen)
@@ -117,7 +137,7 @@ def conversation(report: Mapping[str, Any]) -> None:
         st.markdown(f"#### {ui.md(cluster['id'])} · {ui.md(cluster['label'])}")
         ui.verdict_badge(cluster["verdict"])
         st.markdown(ui.md(cluster.get("reason", "")))
-        st.caption(f"{cluster['size']} failures · {len(cluster.get('instances', []))} instances · "
+        st.caption(f"{views.count(cluster['size'], 'failure')} · {views.count(len(cluster.get('instances', [])), 'instance')} · "
                    f"systematicity {cluster.get('systematicity', 0):.2f}")
         _outcome(cluster, proposal)
     with right:

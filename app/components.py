@@ -135,12 +135,16 @@ def recent_failures(svc: Service, kinds: Sequence[str], within_s: float = 3600.0
 
 # ---------------------------------------------------------------- runs and trajectories
 
-def run_table(runs: Sequence[RunRecord], *, key: str) -> None:
-    rows = [views.run_row(r) for r in runs]
+def run_table(svc: Service, runs: Sequence[RunRecord], *, key: str) -> None:
+    """Every run; an unfinished one counts what its stored results say (its summary is written
+    only when an execution ends)."""
+    rows = [views.run_row(r, views.run_numbers(r, svc.results(r.id)) if r.status != "done" else None)
+            for r in runs]
     st.dataframe(rows, key=key, hide_index=True, width="stretch", column_config={
-        "accuracy": st.column_config.ProgressColumn("accuracy", format="percent", min_value=0.0, max_value=1.0),
+        "scored": st.column_config.TextColumn("scored", help="instances with a result / instances in the run"),
+        "accuracy": st.column_config.TextColumn("accuracy", help="of the scored instances"),
         "tokens": st.column_config.NumberColumn("tokens", help="prompt + completion tokens (the cost)"),
-        "seconds": st.column_config.NumberColumn("seconds", format="%.1f", help="wall-clock time of the batch"),
+        "seconds": st.column_config.TextColumn("seconds", help="wall-clock time of the batch"),
         "label": None if any(r["label"] for r in rows) else st.column_config.Column(width="small"),
     })
 
@@ -193,26 +197,48 @@ def trajectory(result: InstanceResult) -> None:
                 st.error(md(call.error), icon=":material/error:")
 
 
-def run_metrics(run: RunRecord) -> None:
-    s = run.summary or {}
+def run_metrics(run: RunRecord, results: Sequence[InstanceResult]) -> None:
+    """The header numbers, counted from the stored results, so they agree with the table below
+    and with the progress bar while the run goes on."""
+    n = views.run_numbers(run, results)
     cols = st.columns(5)
-    cols[0].metric("accuracy", views.pct(s.get("accuracy")))
-    cols[1].metric("instances", len(run.instance_ids))
-    cols[2].metric("tokens", int(s.get("prompt_tokens", 0)) + int(s.get("completion_tokens", 0)))
-    cols[3].metric("model calls", s.get("model_calls", 0), help=f"{s.get('cache_hits', 0)} served from the cache")
-    cols[4].metric("seconds", f"{float(s.get('wall_seconds_total', s.get('wall_seconds', 0.0))):.1f}")
-    by_cat = s.get("accuracy_by_category") or {}
-    if by_cat:
+    cols[0].metric("accuracy", views.pct(n.accuracy),
+                   help=f"{n.correct} correct of {n.scored} scored" if n.scored else "nothing scored yet")
+    cols[1].metric("scored", f"{n.scored}/{n.instances}", help="instances with a result / instances in the run")
+    cols[2].metric("tokens", n.tokens)
+    cols[3].metric("model calls", n.calls, help=f"{n.cache_hits} served from the cache")
+    cols[4].metric("seconds", "—" if n.seconds is None else f"{n.seconds:.1f}",
+                   help="wall-clock time of the finished executions")
+    by_cat = (run.summary or {}).get("accuracy_by_category") or {}
+    if by_cat and not n.partial:
         st.caption("by category: " + " · ".join(f"{md(k)} {v:.0%}" for k, v in by_cat.items()))
 
 
 def run_detail(svc: Service, run: RunRecord) -> None:
-    """One run: its numbers, its per-instance results, and any instance's whole trajectory."""
-    run_metrics(run)
+    """One run: its numbers, its per-instance results, and any instance's whole trajectory; while
+    the run is running (here or in another process) it re-reads all of it every POLL_SECONDS."""
+    if run.status == "running":
+        _live_run_detail(svc, run.id)
+    else:
+        _run_detail(svc, run)
+
+
+@st.fragment(run_every=POLL_SECONDS)
+def _live_run_detail(svc: Service, run_id: str) -> None:
+    run = svc.get_run(run_id)
+    _run_detail(svc, run)
+    if run.status != "running":
+        st.rerun(scope="app")  # the run ended: the whole page (table, resume buttons) catches up
+
+
+def _run_detail(svc: Service, run: RunRecord) -> None:
     results = svc.results(run.id)
+    run_metrics(run, results)
     if not results:
         st.caption("No instance has finished yet.")
         return
+    st.caption(f"{len(results)} of {len(run.instance_ids)} instances finished · "
+               f"{sum(1 for r in results if r.correct)} correct")
     results_table(results, key=f"results:{run.id}")
     left, right = st.columns([3, 2], vertical_alignment="bottom")
     ordered = sorted(results, key=lambda r: (r.correct, r.instance_id))

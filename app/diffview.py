@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from typing import Callable
 
 from ecdysis.diffs import engine
 
@@ -19,19 +20,30 @@ _STYLE = """<style>
 .ecd-diff del{background:#f3b8bf;text-decoration:none}.ecd-diff ins{background:#a9dcbd;text-decoration:none}
 .ecd-diff td.empty{background:#f6f5f2}
 .ecd-diff td.sign{width:1.2em;color:#7b766c;user-select:none}
+.ecd-diff tbody.ecd-hidden{display:none}
+.ecd-diff tbody.ecd-fold:has(input:checked)+tbody.ecd-hidden{display:table-row-group}
+.ecd-diff tr.fold label{cursor:pointer;display:block}
+.ecd-diff tr.fold input{position:absolute;opacity:0;pointer-events:none}
+.ecd-diff tr.fold .hide,.ecd-diff tbody.ecd-fold:has(input:checked) .show{display:none}
+.ecd-diff tbody.ecd-fold:has(input:checked) .hide{display:inline}
 </style>"""
 
 
 @dataclass(frozen=True)
 class Row:
-    """One aligned line pair; `kind` is equal | change | delete | insert | fold."""
+    """One aligned line pair; `kind` is equal | change | delete | insert | fold. A fold row
+    carries the unchanged rows it stands for, so the reader can unfold them in place."""
 
     kind: str
     old_no: int | None = None
     old: str = ""
     new_no: int | None = None
     new: str = ""
-    folded: int = 0
+    hidden: tuple["Row", ...] = ()
+
+    @property
+    def folded(self) -> int:
+        return len(self.hidden)
 
 
 def line_diff(old: str, new: str) -> list[tuple[int, list[str]]]:
@@ -80,20 +92,20 @@ def fold(rows: list[Row], context: int = CONTEXT_LINES) -> list[Row]:
     """Keep `context` unchanged lines around each change; fold longer unchanged runs into one row."""
     changed = [i for i, r in enumerate(rows) if r.kind != "equal"]
     if not changed:
-        return [Row("fold", folded=len(rows))] if rows else []
+        return [Row("fold", hidden=tuple(rows))] if rows else []
     keep = {j for i in changed for j in range(i - context, i + context + 1)}
     out: list[Row] = []
-    hidden = 0
+    hidden: list[Row] = []
     for i, r in enumerate(rows):
         if i in keep:
             if hidden:
-                out.append(Row("fold", folded=hidden))
-                hidden = 0
+                out.append(Row("fold", hidden=tuple(hidden)))
+                hidden = []
             out.append(r)
         else:
-            hidden += 1
+            hidden.append(r)
     if hidden:
-        out.append(Row("fold", folded=hidden))
+        out.append(Row("fold", hidden=tuple(hidden)))
     return out
 
 
@@ -117,7 +129,15 @@ def _marked(old: str, new: str) -> tuple[str, str]:
 
 def _fold_row(hidden: int, columns: int) -> str:
     plural = "s" if hidden != 1 else ""
-    return f'<tr class="fold"><td colspan="{columns}">⋯ {hidden} unchanged line{plural}</td></tr>'
+    return (f'<tr class="fold"><td colspan="{columns}"><label><input type="checkbox">⋯ {hidden} unchanged '
+            f'line{plural} <span class="show">· show</span><span class="hide">· hide</span></label></td></tr>')
+
+
+def _folded(r: Row, columns: int, render: Callable[[Row], str]) -> str:
+    """A fold row in its own table section, followed by the section of the lines it hides; the
+    checkbox in the fold row shows them (CSS only: `st.html` runs no script)."""
+    return (f'</tbody><tbody class="ecd-fold">{_fold_row(r.folded, columns)}</tbody>'
+            f'<tbody class="ecd-hidden">{"".join(render(h) for h in r.hidden)}</tbody><tbody>')
 
 
 def _num(value: int | None) -> str:
@@ -126,7 +146,7 @@ def _num(value: int | None) -> str:
 
 def _side_row(r: Row) -> str:
     if r.kind == "fold":
-        return _fold_row(r.folded, 4)
+        return _folded(r, 4, _side_row)
     if r.kind == "change":
         left, right = _marked(r.old, r.new)
     else:
@@ -141,12 +161,12 @@ def side_by_side_html(old: str | None, new: str | None, context: int = CONTEXT_L
     rows = fold(align(old or "", new or ""), context)
     body = "".join(_side_row(r) for r in rows)
     cols = '<colgroup><col style="width:3.2em"><col><col style="width:3.2em"><col></colgroup>'
-    return f'{_STYLE}<table class="ecd-diff">{cols}{body}</table>'
+    return f'{_STYLE}<table class="ecd-diff">{cols}<tbody>{body}</tbody></table>'
 
 
 def _inline_rows(r: Row) -> list[str]:
     if r.kind == "fold":
-        return [_fold_row(r.folded, 3)]
+        return [_folded(r, 3, lambda h: "".join(_inline_rows(h)))]
     if r.kind == "equal":
         return [f'<tr><td class="n">{_num(r.new_no)}</td><td class="sign"> </td><td>{html.escape(r.new)}</td></tr>']
     left, right = _marked(r.old, r.new) if r.kind == "change" else (html.escape(r.old), html.escape(r.new))
@@ -164,7 +184,7 @@ def inline_html(old: str | None, new: str | None, context: int = CONTEXT_LINES) 
     rows = fold(align(old or "", new or ""), context)
     body = "".join(line for r in rows for line in _inline_rows(r))
     cols = '<colgroup><col style="width:3.2em"><col style="width:1.2em"><col></colgroup>'
-    return f'{_STYLE}<table class="ecd-diff">{cols}{body}</table>'
+    return f'{_STYLE}<table class="ecd-diff">{cols}<tbody>{body}</tbody></table>'
 
 
 def stats(old: str | None, new: str | None) -> tuple[int, int]:

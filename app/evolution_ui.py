@@ -24,18 +24,10 @@ def worker_state(svc: Service, evo: EvolutionRecord) -> tuple[bool, str | None]:
     return False, (last.error or "failed") if last is not None and last.status == "failed" else None
 
 
-def _where(evo: EvolutionRecord) -> str:
-    cursor = evo.result.get("cursor", {})
-    if cursor.get("phase") == "finished":
-        return "finished"
-    planned = evo.config.get("iterations", "?")
-    return f"iteration {cursor.get('iteration', '—')}/{planned}, phase {cursor.get('phase', '—')}"
-
-
 def _status(svc: Service, evo: EvolutionRecord) -> None:
     gate = "auto-approve" if evo.config.get("auto_approve") else "human gate"
     st.markdown(f"**{evo.strategy}** on **{ui.md(evo.suite)}** with {ui.md(', '.join(evo.models))} · {gate} · "
-                f"status **{evo.status}** · {_where(evo)}")
+                f"status **{evo.status}** · {views.evolution_where(evo)}")
     cursor = evo.result.get("cursor", {})
     if evo.status == "waiting" or cursor.get("phase") == "gate":
         pending = [p for p in svc.proposals(status="pending") if p.diagnosis_id == cursor.get("diagnosis_id")]
@@ -52,17 +44,37 @@ def _body(svc: Service, evo: EvolutionRecord) -> None:
     cols = st.columns(5)
     cols[0].metric("iterations done", len(evo.iterations))
     cols[1].metric("final validation", views.pct(stats.final_val))
-    cols[2].metric("test (sealed)", views.pct(stats.test_accuracy),
-                   delta=None if stats.test_accuracy is None or stats.base_test_accuracy is None
-                   else f"{100 * (stats.test_accuracy - stats.base_test_accuracy):+.1f} pts vs base")
+    delta = views.points_delta(stats.test_accuracy, stats.base_test_accuracy)
+    cols[2].metric("test (sealed)", views.pct(stats.test_accuracy), delta=delta.text if delta else None,
+                   delta_color="normal" if delta and delta.moved else "off",
+                   delta_arrow="auto" if delta and delta.moved else "off")
     cols[3].metric("training time", f"{stats.train_seconds:.0f} s")
     cols[4].metric("model calls", stats.model_calls)
     if evo.iterations:
-        st.plotly_chart(charts.evolution_curves([(evo.id, evo.strategy, evo.iterations, stats.test_accuracy)]),
+        gates = views.gate_rows(evo, svc.harnesses())
+        st.plotly_chart(charts.evolution_curves([(evo.id, evo.strategy, evo.iterations, stats.test_accuracy)],
+                                                base=_base_accuracy(gates)),
                         key=f"curve:{evo.id}", config={"displayModeBar": False})
         st.dataframe(views.iteration_rows(evo), hide_index=True, width="stretch")
+        gate_table(evo, gates)
     else:
         st.caption("The first iteration is running: train batch, then diagnosis, gate and validation.")
+
+
+def _base_accuracy(gates: list[views.GateRow]) -> float | None:
+    return gates[0].parent if gates else None
+
+
+def gate_table(evo: EvolutionRecord, gates: list[views.GateRow]) -> None:
+    """The validation gate of every iteration: parent against candidate on the same instances,
+    paired wins and losses, and the rule they were held to."""
+    st.markdown("**The gate, iteration by iteration**")
+    st.caption(ui.md(f"A candidate is kept when, on the same validation instances, {views.gate_threshold(evo.config)} "
+                     f"(wins: instances the candidate gets right and its parent wrong; losses: the reverse)."))
+    st.dataframe([g.to_row() for g in gates], hide_index=True, width="stretch", key=f"gates:{evo.id}",
+                 column_config={"parent acc": st.column_config.NumberColumn("parent acc", format="percent"),
+                                "candidate acc": st.column_config.NumberColumn("candidate acc", format="percent"),
+                                "why": st.column_config.TextColumn("why", width="large")})
 
 
 def holder_elsewhere(svc: Service, evo: EvolutionRecord) -> str | None:
@@ -114,7 +126,7 @@ def _latest(evos: list[EvolutionRecord], strategy: str) -> str | None:
     return (done or mine)[0].id if (done or mine) else None
 
 
-def compare(evos: list[EvolutionRecord]) -> None:
+def compare(svc: Service, evos: list[EvolutionRecord]) -> None:
     """Ecdysis against per-instance search: curves, cost bars, and the speedup and delta in numbers."""
     by_id = {e.id: e for e in evos}
     labels = {e.id: views.evolution_label(e) for e in evos}
@@ -142,6 +154,8 @@ def compare(evos: list[EvolutionRecord]) -> None:
         st.warning("These evolutions ran on different suites or models; the numbers are not a fair comparison.")
     series = [(f"ecdysis {ea.id[:6]}", "ecdysis", ea.iterations, result.ecdysis.test_accuracy),
               (f"per-instance {eb.id[:6]}", "per-instance", eb.iterations, result.per_instance.test_accuracy)]
-    st.plotly_chart(charts.evolution_curves(series), key="cmp:curves", config={"displayModeBar": False})
+    harnesses = svc.harnesses()
+    base = _base_accuracy(views.gate_rows(ea, harnesses)) or _base_accuracy(views.gate_rows(eb, harnesses))
+    st.plotly_chart(charts.evolution_curves(series, base=base), key="cmp:curves", config={"displayModeBar": False})
     st.plotly_chart(charts.cost_bars([result.ecdysis, result.per_instance]), key="cmp:cost",
                     config={"displayModeBar": False})

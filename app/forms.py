@@ -31,7 +31,8 @@ def _suite_select(suites: Sequence[dict[str, Any]], key: str, container: Any) ->
     default = names.index("reasoning-mix") if "reasoning-mix" in names else 0
     return container.selectbox(
         "Suite", names, index=default, key=key,
-        format_func=lambda n: f"{n} ({sizes[n]['size']} instances, {len(sizes[n]['categories'])} categories)")
+        format_func=lambda n: (f"{n} ({views.count(sizes[n]['size'], 'instance')}, "
+                               f"{views.count(len(sizes[n]['categories']), 'category', 'categories')})"))
 
 
 def _models(default_models: Sequence[str], key: str, container: Any) -> list[str]:
@@ -102,6 +103,10 @@ def diagnosis_form(runs: Sequence[RunRecord], preselected: Sequence[str] = ()) -
     return DiagnosisRequest(list(chosen), backend or "heuristic")
 
 
+GATE_HELP = ("The paired validation gate keeps a patched version only when, on the same validation instances, its "
+             "net wins over its parent (instances it gets right and the parent wrong, minus the reverse) reach the "
+             "minimum AND exceed that many standard errors of no change (√(wins + losses)). Small models flip "
+             "answers from run to run; lower values accept noise.")
 STRATEGY_CHOICES = {"ecdysis": "ecdysis (batch clusters)", "per-instance": "per-instance search",
                     "both": "both, side by side"}
 
@@ -125,9 +130,11 @@ def evolution_form(suites: Sequence[dict[str, Any]], harnesses: Sequence[Harness
         val = n3.number_input("Validation", 1, 5000, 12, key="evo:val", help="validation instances for the paired gate")
         test = n4.number_input("Test", 0, 5000, 12, key="evo:test", help="sealed test instances (0 = the whole split)")
         calls = n5.number_input("Max model calls", 0, 10_000_000, 0, key="evo:calls", help="0 = no budget")
-        r1, r2 = st.columns(2)
+        r1, r2, r3, r4 = st.columns([3, 2, 2, 2])
         role = r1.selectbox("Role backend", ROLE_CHOICES, key="evo:role", accept_new_options=True, help=ROLE_HELP)
         concurrency = r2.number_input("Concurrency", 1, 64, 1, key="evo:concurrency")
+        min_net = r3.number_input("Gate: minimum net wins", 0, 5000, 2, key="evo:min_net", help=GATE_HELP)
+        k = r4.number_input("Gate: standard errors", 0.0, 10.0, 1.0, step=0.5, key="evo:gate_k", help=GATE_HELP)
         submitted = st.form_submit_button("Start evolution", type="primary", icon=":material/rocket_launch:")
     if not submitted:
         return None
@@ -139,4 +146,5 @@ def evolution_form(suites: Sequence[dict[str, Any]], harnesses: Sequence[Harness
                          batch_size=int(batch), val_limit=int(val), test_limit=int(test) or None, harness=harness,
                          auto_approve=gate == "auto", role_backend=role or "heuristic",
                          concurrency=int(concurrency), max_model_calls=int(calls) or None,
+                         gate_min_net=int(min_net), gate_k=float(k),
                          label=f"ui-{s}") for s in strategies]

@@ -17,17 +17,39 @@ from ecdysis.store import ProposalRecord
 STATUS_FILTERS = ["pending", "approved", "edited", "applied", "rejected", "all"]
 FILTER_KEY = "review:filter"
 _NEXT_FILTER = "_review:next_filter"
+_FLASH = "_review:flash"
 
 
-def follow(status: str) -> None:
+def follow(status: str, said: str | None = None) -> None:
     """After a decision, show the proposal under its new status on the next run (a widget's state
-    may only be set before the widget is drawn, so the page calls `apply_follow` first)."""
+    may only be set before the widget is drawn, so the page calls `apply_follow` first), and say
+    once what was done (`said`, already inert Markdown)."""
     st.session_state[_NEXT_FILTER] = status
+    if said:
+        st.session_state[_FLASH] = said
 
 
-def apply_follow() -> None:
+def apply_follow() -> str:
+    """The status filter to draw the page with. The filter widget gets its value from session
+    state only (never also a default), so Streamlit has no conflict to warn about."""
     if _NEXT_FILTER in st.session_state:
         st.session_state[FILTER_KEY] = st.session_state.pop(_NEXT_FILTER)
+    st.session_state.setdefault(FILTER_KEY, "pending")
+    flash = st.session_state.pop(_FLASH, None)
+    if flash:
+        st.success(flash, icon=":material/task_alt:")
+    return str(st.session_state[FILTER_KEY] or "pending")
+
+
+def next_pending(svc: Service, current: str | None) -> None:
+    """One control (and Alt+N) to the next proposal waiting for a decision, whatever is shown."""
+    pending = [p.id for p in svc.proposals(status="pending")]
+    after = [pid for pid in pending if pid != current]
+    if st.button(f"Next pending ({len(after)})", key="review:next", icon=":material/skip_next:", disabled=not after,
+                 shortcut="Alt+N", help="the next proposal that waits for a decision"):
+        follow("pending")
+        remember("proposal", after[0])
+        st.rerun()
 
 
 def header(svc: Service, p: ProposalRecord, title: str) -> None:
@@ -35,7 +57,10 @@ def header(svc: Service, p: ProposalRecord, title: str) -> None:
     head.markdown(f"### {ui.md(title)}")
     with badge:
         st.badge(p.status, color=ui.STATUS_BADGE.get(p.status, "gray"))  # type: ignore[arg-type]
-    st.caption(f"proposal {p.id} · diagnosis {p.diagnosis_id} · cluster {p.cluster_id} · "
+    evolution = views.evolution_of(p, svc.evolutions())
+    origin = (f"evolution {evolution.id} ({evolution.strategy}, iteration "
+              f"{views.evolution_iteration_of(p, evolution)})" if evolution else "a diagnosis started by hand")
+    st.caption(f"proposal {p.id} · from {ui.md(origin)} · diagnosis {p.diagnosis_id} · cluster {p.cluster_id} · "
                f"applies to harness {views.short(p.harness_version, 12)} · {views.when(p.created_at)}")
     for d in svc.decisions(p.id):
         why = f" — {ui.md(d.reason)}" if d.reason else ""
@@ -72,28 +97,57 @@ def editor(svc: Service, p: ProposalRecord, who: str) -> None:
     if st.button("Save edit and approve it", key=f"save:{p.id}", type="primary", icon=":material/save:"):
         with shown_errors():
             svc.decide(p.id, "edit", who=who, reason="edited in review", files=edited)
-            follow("edited")
+            follow("edited", f"Saved your edit of {p.id} and approved it.{_left(svc)}")
             st.rerun()
+
+
+def _left(svc: Service) -> str:
+    n = len(svc.proposals(status="pending"))
+    return f" {n} proposal{'s' if n != 1 else ''} left to review." if n else " No proposal left to review."
 
 
 def decisions(svc: Service, p: ProposalRecord, who: str) -> None:
-    """Approve | reject with a reason | edit (toggle), for a pending proposal."""
+    """Approve | reject with a reason | edit (toggle), for a pending proposal. The reason and the
+    Reject button form one form, so a single click sends the reason as typed (a plain text box
+    sends its value only when it loses focus, and a button disabled until then needs two clicks)."""
     approve, reject = st.columns([1, 3], vertical_alignment="bottom")
-    if approve.button("Approve", key=f"approve:{p.id}", type="primary", icon=":material/check:"):
+    if approve.button("Approve", key=f"approve:{p.id}", type="primary", icon=":material/check:", shortcut="Alt+A"):
         with shown_errors():
             svc.decide(p.id, "approve", who=who)
-            follow("approved")
+            follow("approved", f"Approved {p.id}.{_left(svc)}")
             st.rerun()
     with reject:
-        r1, r2 = st.columns([4, 1], vertical_alignment="bottom")
-        reason = r1.text_input("Reason for rejecting", key=f"reason:{p.id}",
-                               placeholder="e.g. too specific to one category")
-        if r2.button("Reject", key=f"reject:{p.id}", icon=":material/close:", disabled=not reason.strip()):
-            with shown_errors():
-                svc.decide(p.id, "reject", who=who, reason=reason)
-                st.rerun()
+        with st.form(f"reject-form:{p.id}", border=False, enter_to_submit=True):
+            r1, r2 = st.columns([4, 1], vertical_alignment="bottom")
+            reason = r1.text_input("Reason for rejecting", key=f"reason:{p.id}",
+                                   placeholder="e.g. too specific to one category")
+            rejected = r2.form_submit_button("Reject", key=f"reject:{p.id}", icon=":material/close:")
+        if rejected:
+            if not reason.strip():
+                st.error("Say why you reject it: the reason is recorded with the decision.", icon=":material/error:")
+            else:
+                with shown_errors():
+                    svc.decide(p.id, "reject", who=who, reason=reason.strip())
+                    follow("rejected", f"Rejected {p.id} — {ui.md(reason.strip())}.{_left(svc)}")
+                    st.rerun()
     if st.toggle("Edit the patched files", key=f"editing:{p.id}"):
         editor(svc, p, who)
+
+
+def patch(svc: Service, p: ProposalRecord) -> None:
+    """The patch as it stands: once a reviewer edited it, their files against the base version
+    (what is, or will be, applied), with the Proposer's original one click away."""
+    edit = next((d for d in reversed(svc.decisions(p.id)) if d.decision == "edit" and d.files_as_applied), None)
+    if edit is None:
+        ui.diff_view(p.data.get("diffs", []), key=f"diff:{p.id}")
+        return
+    base = svc.harness(p.harness_version).files
+    files = edit.files_as_applied or {}
+    st.caption(f"As edited by {ui.md(edit.who)} at {views.when(edit.at)}: the files "
+               f"{'applied' if p.status == 'applied' else 'to apply'}.")
+    ui.diff_view(diff_files({k: base.get(k, "") for k in files}, files), key=f"diff:{p.id}")
+    with st.expander("The Proposer's original patch", icon=":material/history:"):
+        ui.diff_view(p.data.get("diffs", []), key=f"origdiff:{p.id}")
 
 
 def apply_and_evaluate(svc: Service, p: ProposalRecord) -> None:
@@ -130,10 +184,16 @@ def evaluate_offer(svc: Service, p: ProposalRecord, version_id: str, parent_id: 
     if right.button(f"Evaluate on {ui.md(suite)} validation with {ui.md(', '.join(models))} (new and parent version)",
                     key=f"evaluate:{p.id}", icon=":material/science:"):
         with shown_errors():
+            started: dict[str, str] = {}
             for model in models:
-                for harness, tag in ((version_id, "applied"), (parent_id, "parent")):
+                for harness, tag in ((parent_id, "parent"), (version_id, "applied")):
                     if harness:
-                        svc.start_run_job(RunRequest(suite=suite, model=model, harness=harness, split="validation",
-                                                     limit=int(size), label=f"evaluate {tag} of {p.id}"))
-            st.success("Evaluation started.")
-            ui.page_link("runs", "Watch it on Runs", ":material/play_circle:")
+                        run_id = svc.job(svc.start_run_job(RunRequest(
+                            suite=suite, model=model, harness=harness, split="validation", limit=int(size),
+                            label=f"evaluate {tag} of {p.id}"))).params["run_id"]
+                        started.setdefault(tag, run_id)
+            # The Runs page's comparison opens on the parent (A) against the applied version (B).
+            remember("compare_a", started.get("parent"))
+            remember("compare_b", started.get("applied"))
+            st.success("Evaluation started: the parent and the new version on the same validation instances.")
+            ui.page_link("runs", "Compare them instance by instance on Runs", ":material/play_circle:")

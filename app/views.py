@@ -28,24 +28,70 @@ def pct(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
 
 
+def count(n: int, one: str, many: str | None = None) -> str:
+    """'1 failure', '2 failures', '1 category', '3 categories'."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 # ---------------------------------------------------------------- runs and jobs
 
-def run_row(run: RunRecord) -> dict[str, Any]:
-    """One line of the runs table; cost is tokens and model calls (local models have no price)."""
+@dataclass(frozen=True)
+class RunNumbers:
+    """A run's numbers as of now: from its stored results while it runs or after a stop (the
+    summary is written only when an execution ends), from its summary once done. `accuracy` is
+    None until an instance is scored: a run with nothing scored has no accuracy, not 0 %."""
+
+    scored: int
+    instances: int
+    correct: int
+    accuracy: float | None
+    tokens: int
+    calls: int
+    cache_hits: int
+    seconds: float | None
+
+    @property
+    def partial(self) -> bool:
+        return self.scored < self.instances
+
+    def accuracy_text(self) -> str:
+        if self.accuracy is None:
+            return "—"
+        return pct(self.accuracy) + (f" of {self.scored} scored" if self.partial else "")
+
+
+def run_numbers(run: RunRecord, results: Sequence[InstanceResult] | None = None) -> RunNumbers:
+    """`results` are the run's stored results (needed unless the run is done)."""
     s = run.summary or {}
-    tokens = int(s.get("prompt_tokens", 0)) + int(s.get("completion_tokens", 0))
+    seconds = float(s.get("wall_seconds_total", s.get("wall_seconds", 0.0))) if s else None
+    if results is None:
+        n = int(s.get("n", len(run.instance_ids) if run.status == "done" else 0))
+        acc = s.get("accuracy") if n else None
+        return RunNumbers(n, len(run.instance_ids), round(float(acc or 0) * n), acc, int(s.get("prompt_tokens", 0))
+                          + int(s.get("completion_tokens", 0)), int(s.get("model_calls", 0)),
+                          int(s.get("cache_hits", 0)), seconds)
+    calls = [c for r in results for c in r.calls]
+    correct = sum(1 for r in results if r.correct)
+    return RunNumbers(len(results), len(run.instance_ids), correct,
+                      correct / len(results) if results else None,
+                      sum(c.prompt_tokens + c.completion_tokens for c in calls), len(calls),
+                      sum(1 for c in calls if c.cache_hit), seconds)
+
+
+def run_row(run: RunRecord, numbers: RunNumbers | None = None) -> dict[str, Any]:
+    """One line of the runs table; cost is tokens and model calls (local models have no price).
+    No cell is left empty (Streamlit shows an empty cell as 'None'): unknown numbers read '—'."""
+    n = numbers or run_numbers(run)
     return {"run": run.id, "started": when(run.created_at), "suite": run.suite, "model": run.model,
             "harness": short(run.harness_version), "split": run.split, "status": run.status,
-            "instances": len(run.instance_ids), "accuracy": s.get("accuracy"),
-            "tokens": tokens if s else None, "model calls": s.get("model_calls"),
-            "cache hits": s.get("cache_hits"),
-            "seconds": round(float(s.get("wall_seconds_total", s.get("wall_seconds", 0.0))), 1) if s else None,
-            "label": run.label}
+            "scored": f"{n.scored}/{n.instances}", "accuracy": n.accuracy_text(),
+            "tokens": n.tokens, "model calls": n.calls, "cache hits": n.cache_hits,
+            "seconds": "—" if n.seconds is None else f"{n.seconds:.1f}", "label": run.label}
 
 
 def run_label(run: RunRecord) -> str:
     acc = (run.summary or {}).get("accuracy")
-    score = f" · {acc:.0%}" if isinstance(acc, (int, float)) else ""
+    score = f" · {acc:.0%}" if isinstance(acc, (int, float)) and (run.summary or {}).get("n") else ""
     return f"{run.id} · {run.model} · {run.suite}/{run.split} · {len(run.instance_ids)} inst{score} · {run.status}"
 
 
@@ -86,7 +132,7 @@ def running_elsewhere(runs: Iterable[RunRecord], jobs: Iterable[JobRecord],
 def result_row(r: InstanceResult) -> dict[str, Any]:
     outcome = "correct" if r.correct else (r.error_type or "wrong")
     return {"instance": r.instance_id, "category": r.category, "outcome": outcome,
-            "answer": (r.answer or "")[:80], "target": r.target[:80], "calls": len(r.calls),
+            "answer": "—" if r.answer is None else r.answer[:80], "target": r.target[:80], "calls": len(r.calls),
             "tokens": r.prompt_tokens + r.completion_tokens, "seconds": round(r.wall_seconds, 2)}
 
 
@@ -96,8 +142,8 @@ def diagnosis_label(rec: DiagnosisRecord) -> str:
     rep = rec.report
     stats = rep.get("stats", {})
     models = ", ".join(rep.get("models", []))
-    return (f"{rec.id} · {when(rec.created_at)} · {len(rec.run_ids)} run(s) · {models} · "
-            f"{stats.get('failures', 0)} failures → {len(rep.get('clusters', []))} clusters")
+    return (f"{rec.id} · {when(rec.created_at)} · {count(len(rec.run_ids), 'run')} · {models} · "
+            f"{count(int(stats.get('failures', 0)), 'failure')} → {count(len(rep.get('clusters', [])), 'cluster')}")
 
 
 def clusters(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -173,6 +219,12 @@ class MapPoint:
     model: str
     category: str
     excerpt: str
+    run_id: str = ""
+
+    @property
+    def member(self) -> str:
+        """The drill-down's key for this failure: `run id/instance id`."""
+        return f"{self.run_id}/{self.instance}"
 
 
 def _jitter(key: str, scale: float) -> tuple[float, float]:
@@ -194,7 +246,7 @@ def failure_map(report: Mapping[str, Any]) -> list[MapPoint]:
     for (cid, m), (x, y) in zip(members, coords):
         dx, dy = _jitter(f"{m['run_id']}/{m['instance_id']}", 0.04 * span)
         points.append(MapPoint(float(x) + dx, float(y) + dy, cid, m["instance_id"], m["model"],
-                               m["category"], m.get("excerpt", "")))
+                               m["category"], m.get("excerpt", ""), m["run_id"]))
     return points
 
 
@@ -228,6 +280,15 @@ def cluster_titles(diagnoses: Iterable[DiagnosisRecord], width: int = 50) -> dic
 def evolution_of(proposal: ProposalRecord, evolutions: Iterable[EvolutionRecord]) -> EvolutionRecord | None:
     """The evolution whose diagnosis produced this proposal (it applies the proposal itself)."""
     return next((e for e in evolutions if proposal.diagnosis_id in e.result.get("diagnoses", [])), None)
+
+
+def evolution_iteration_of(proposal: ProposalRecord, evolution: EvolutionRecord) -> str:
+    """The iteration of `evolution` whose diagnosis made the proposal ('?' when not recorded)."""
+    for row in evolution.iterations:
+        if row.get("diagnosis_id") == proposal.diagnosis_id:
+            return str(row.get("iteration"))
+    cursor = evolution.result.get("cursor", {})
+    return str(cursor.get("iteration", "?")) if cursor.get("diagnosis_id") == proposal.diagnosis_id else "?"
 
 
 def applied_version(proposal_id: str, harnesses: Iterable[HarnessVersion]) -> HarnessVersion | None:
@@ -307,8 +368,88 @@ class Comparison:
 
 
 def _ratio(value: float, better: str, worse: str) -> str:
-    """1.84 -> '1.84× faster'; 0.5 -> '2.00× slower' (a ratio below one reads inverted)."""
+    """1.84 -> '1.84× faster'; 0.5 -> '2.00× slower' (a ratio below one reads inverted); a ratio
+    that rounds to 1.00 either way is 'the same'."""
+    if round(value, 2) == 1.0 or round(1 / value, 2) == 1.0:
+        return "the same"
     return f"{value:.2f}× {better}" if value >= 1 else f"{1 / value:.2f}× {worse}"
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A change in percentage points as `st.metric` shows it: no colour and no arrow when it
+    rounds to zero (a green up arrow on +0.0 says the opposite of the number)."""
+
+    text: str
+    moved: bool
+
+
+def points_delta(new: float | None, base: float | None, what: str = "vs base") -> Delta | None:
+    if new is None or base is None:
+        return None
+    pts = round(100 * (new - base), 1)
+    return Delta(f"{pts:+.1f} pts {what}", True) if pts else Delta(f"±0.0 pts {what}", False)
+
+
+def evolution_where(e: EvolutionRecord) -> str:
+    """Where an evolution's cursor stands, in words: past its last iteration it is scoring the
+    sealed test split, not in an iteration beyond the plan."""
+    cursor = e.result.get("cursor", {})
+    phase, iteration = cursor.get("phase"), cursor.get("iteration")
+    planned = e.config.get("iterations")
+    if phase == "finished":
+        return "finished"
+    if phase == "test" or (isinstance(iteration, int) and isinstance(planned, int) and iteration > planned):
+        return "all iterations done, scoring the sealed test split"
+    return f"iteration {iteration if iteration is not None else '—'}/{planned or '?'}, phase {phase or '—'}"
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One iteration's validation gate: parent against candidate on the same instances."""
+
+    iteration: int
+    parent: float | None
+    candidate: float | None
+    wins: int | None
+    losses: int | None
+    paired: int | None
+    needed: str
+    outcome: str
+    reason: str
+
+    def to_row(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "parent acc": self.parent, "candidate acc": self.candidate,
+                "wins": self.wins, "losses": self.losses, "net": None if self.wins is None else
+                self.wins - (self.losses or 0), "paired instances": self.paired, "threshold": self.needed,
+                "outcome": self.outcome, "why": self.reason}
+
+
+def gate_threshold(config: Mapping[str, Any]) -> str:
+    """The acceptance rule of an evolution's gate, in words with its numbers."""
+    if config.get("gate", "paired-sign") == "paired-sign":
+        k = float(config.get("gate_k", 1.0))
+        return f"net ≥ {int(config.get('gate_min_net', 2))} and net > {k:g}·√(wins+losses)"
+    return "any net gain (wins > losses)"
+
+
+def gate_rows(e: EvolutionRecord, harnesses: Iterable[HarnessVersion]) -> list[GateRow]:
+    """Each finished iteration's gate, from the verdict stored on its candidate version."""
+    by_id = {h.id: h for h in harnesses}
+    needed = gate_threshold(e.config)
+    rows = []
+    for r in e.iterations:
+        cand = by_id.get(str(r.get("candidate_version") or ""))
+        verdict = (cand.metrics.get("gate") if cand else None) or {}
+        if not verdict:
+            rows.append(GateRow(int(r.get("iteration") or 0), None, None, None, None, None, needed,
+                                "no candidate", str(r.get("gate") or "")))
+            continue
+        rows.append(GateRow(int(r.get("iteration") or 0), verdict.get("parent_accuracy"),
+                            verdict.get("candidate_accuracy"), verdict.get("wins"), verdict.get("losses"),
+                            verdict.get("n"), needed, "kept" if verdict.get("accepted") else "rolled back",
+                            str(verdict.get("reason", ""))))
+    return rows
 
 
 def compare(ecdysis: EvolutionRecord, per_instance: EvolutionRecord) -> Comparison:
@@ -383,3 +524,64 @@ def lineage_dot(harnesses: Sequence[HarnessVersion], scores: Mapping[str, float]
             lines.append(f'"{p.harness_version}" -> "{p.id}" [style=dotted, color="#c53948"];')
     lines.append("}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- two runs, instance by instance
+
+PAIR_ORDER = ("fixed", "broken", "still wrong", "still right")
+
+
+@dataclass(frozen=True)
+class PairedRuns:
+    """Two runs (two harness versions, or two models) on the instances both scored: each instance
+    fixed (wrong in A, right in B), broken (the reverse) or unchanged (still right, still wrong)."""
+
+    rows: list[dict[str, Any]]
+    only_a: int
+    only_b: int
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for r in self.rows if r["change"] == outcome)
+
+    def sentence(self) -> str:
+        n = len(self.rows)
+        if not n:
+            return "The two runs share no scored instance."
+        acc_a = sum(1 for r in self.rows if r["A"] == "correct") / n
+        acc_b = sum(1 for r in self.rows if r["B"] == "correct") / n
+        return (f"On the {count(n, 'instance')} both scored: {self.count('fixed')} fixed, {self.count('broken')} "
+                f"broken, {self.count('still right') + self.count('still wrong')} unchanged "
+                f"({self.count('still right')} still right, {self.count('still wrong')} still wrong); "
+                f"accuracy {pct(acc_a)} → {pct(acc_b)}.")
+
+
+def pair_runs(a: Sequence[InstanceResult], b: Sequence[InstanceResult]) -> PairedRuns:
+    """Pair two runs' results by instance id; changes first (fixed, broken), then the unchanged."""
+    by_b = {r.instance_id: r for r in b}
+    rows = []
+    for ra in a:
+        rb = by_b.get(ra.instance_id)
+        if rb is None:
+            continue
+        change = ("fixed" if rb.correct else "still wrong") if not ra.correct else ("still right" if rb.correct
+                                                                                      else "broken")
+        rows.append({"change": change, "instance": ra.instance_id, "category": ra.category,
+                     "A": "correct" if ra.correct else (ra.error_type or "wrong"),
+                     "B": "correct" if rb.correct else (rb.error_type or "wrong"),
+                     "answer A": "—" if ra.answer is None else ra.answer[:60],
+                     "answer B": "—" if rb.answer is None else rb.answer[:60], "target": ra.target[:60]})
+    rows.sort(key=lambda r: (PAIR_ORDER.index(r["change"]), r["instance"]))
+    a_ids, b_ids = {r.instance_id for r in a}, set(by_b)
+    return PairedRuns(rows, len(a_ids - b_ids), len(b_ids - a_ids))
+
+
+def comparable_pair(runs: Sequence[RunRecord]) -> tuple[str, str] | None:
+    """A default pair to compare: the newest two runs of one suite and split that differ in
+    harness version or model (e.g. an applied version and its parent, evaluated together)."""
+    for i, newer in enumerate(runs):
+        for older in runs[i + 1:]:
+            if (older.suite, older.split) == (newer.suite, newer.split) and \
+                    (older.harness_version, older.model) != (newer.harness_version, newer.model) and \
+                    set(older.instance_ids) & set(newer.instance_ids):
+                return older.id, newer.id
+    return None

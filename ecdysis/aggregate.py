@@ -353,15 +353,16 @@ class ThresholdVerdicts:
             return "noise", (f"Singleton: {ev.n_failures} failure(s) on one instance ({who}); "
                              f"one odd instance does not justify a harness change.")
         if ev.n_failures <= self.small_size and ev.consistency < self.min_consistency:
-            return "noise", (f"Tiny and inconsistent: {ev.n_failures} failures whose evidence agrees "
+            return "noise", (f"Tiny and inconsistent: {_count(ev.n_failures, 'failure')} whose evidence agrees "
                              f"only {ev.consistency:.2f} (below {self.min_consistency}).")
         specific = self._model_specific(ran) if ev.n_instances >= self.min_instances_specific else None
         if specific:
             return "model-specific", specific
         hit_models = [m for m, r in ran.items() if r.rate >= self.shared_rate]
-        spread = f"{ev.n_instances} instances across {ev.categories} of {ev.batch_categories} categories"
+        spread = (f"{_count(ev.n_instances, 'instance')} across {ev.categories} of "
+                  f"{_count(ev.batch_categories, 'category', 'categories')}")
         if ev.consistency < self.min_consistency_harness:
-            return "noise", (f"Widespread but incoherent: {ev.n_failures} failures whose evidence agrees only "
+            return "noise", (f"Widespread but incoherent: {_count(ev.n_failures, 'failure')} whose evidence agrees only "
                              f"{ev.consistency:.2f} (below {self.min_consistency_harness}); no single cause to repair.")
         if ev.n_instances >= self.min_instances_harness and systematicity >= self.min_systematicity:
             if len(ran) >= 2 and len(hit_models) >= 2:
@@ -397,6 +398,11 @@ class ThresholdVerdicts:
                              for m, r in sorted(others.items()))
         return (f"Specific to {top_model}: it shows the pattern on {top.hit + top.kin} of the {top.ran} "
                 f"instances it ran; {contrast}.")
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """'1 category', '3 categories': verdict reasons are read on the clusters page."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,11 @@ class JobManager:
     def _run(self, job_id: str, fn: JobFn) -> None:
         with self._slots:
             ctx = JobContext(self.store, job_id)
+            queued = self.store.get_job(job_id)
+            if queued is None or queued.cancel_requested or queued.status == "cancelled":
+                # Stopped while it waited for a slot: it never starts (`cancel` said so already).
+                self.store.update_job(job_id, status="cancelled", updated_at=time.time())
+                return
             self.store.update_job(job_id, status="running", updated_at=time.time())
             try:
                 result = fn(ctx)
@@ -97,7 +102,12 @@ class JobManager:
                                       result={"traceback": traceback.format_exc()[-4000:]})
 
     def cancel(self, job_id: str) -> None:
+        """Ask a job to stop. One still queued (waiting for a worker slot) has done nothing yet, so
+        it is cancelled at once rather than left 'queued · stopping…' until a slot frees."""
+        job = self.store.get_job(job_id)
         self.store.update_job(job_id, cancel_requested=True, updated_at=time.time())
+        if job is not None and job.status == "queued":
+            self.store.update_job(job_id, status="cancelled", updated_at=time.time())
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobRecord | None:
         with self._lock:

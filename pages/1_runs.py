@@ -4,7 +4,7 @@ background worker, watch it, resume unfinished runs, and browse results down to 
 import streamlit as st
 
 from app import components as ui
-from app import forms, views
+from app import compare_ui, forms, views
 from app.guard import shown_errors
 from app.state import remember, service
 
@@ -33,7 +33,7 @@ with shown_errors():
                        "then press Start batch.")
     else:
         st.subheader("Finished and running batches")
-        ui.run_table(runs, key="runs:table")
+        ui.run_table(svc, runs, key="runs:table")
         jobs, leased = svc.recent_jobs(limit=100), svc.running_elsewhere()
         for run, holder in views.running_elsewhere(runs, jobs, leased):
             st.info(f"{run.id} is running elsewhere (held by {ui.md(holder)}); it can be resumed here once "
@@ -43,6 +43,8 @@ with shown_errors():
                          key=f"resume:{run.id}", icon=":material/resume:"):
                 svc.start_resume_job(run.id)  # refused (one line) if another process took it meanwhile
                 st.rerun()
+        st.subheader("Compare two runs, instance by instance")
+        compare_ui.compare_runs(svc, runs)
         st.subheader("Inspect a run")
         run_id = ui.pick("Run", [r.id for r in runs], {r.id: views.run_label(r) for r in runs},
                          key="runs:pick", memory="run")

@@ -16,7 +16,7 @@ st.caption("Nothing changes the harness until a person approves it here (or an e
 with shown_errors():
     rv.apply_follow()
     top_left, top_right = st.columns([3, 1], vertical_alignment="bottom")
-    shown = top_left.segmented_control("Show", rv.STATUS_FILTERS, default="pending", key=rv.FILTER_KEY) or "pending"
+    shown = top_left.segmented_control("Show", rv.STATUS_FILTERS, key=rv.FILTER_KEY) or "pending"
     who = top_right.text_input("Reviewer", value="reviewer", key="review:who", help="recorded with each decision")
     proposals = svc.proposals(status=None if shown == "all" else shown)
     if not proposals:
@@ -30,11 +30,12 @@ with shown_errors():
                          {p.id: views.proposal_label(p, titles) for p in proposals},
                          key="review:proposal", memory="proposal")
         proposal = svc.get_proposal(chosen) if chosen else None
+        rv.next_pending(svc, chosen)
         if proposal is not None:
             rv.header(svc, proposal, full.get(f"{proposal.diagnosis_id}/{proposal.cluster_id}", proposal.cluster_id))
             rv.details(proposal)
             st.subheader("The patch")
-            ui.diff_view(proposal.data.get("diffs", []), key=f"diff:{proposal.id}")
+            rv.patch(svc, proposal)
             if proposal.status == "pending":
                 st.subheader("Your decision")
                 rv.decisions(svc, proposal, who.strip() or "reviewer")

@@ -36,4 +36,4 @@ with shown_errors():
             if chosen:
                 ev.watch(svc, svc.get_evolution(chosen))
         with compare_tab:
-            ev.compare(evolutions)
+            ev.compare(svc, evolutions)

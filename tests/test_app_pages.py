@@ -175,7 +175,7 @@ def test_runs_page_starts_a_batch_in_the_background(ecdysis_home: Path, svc: Ser
     assert_clean(at)
     table = at.dataframe[0].value
     assert sorted(table["model"]) == ["alpha", "beta"] and set(table["status"]) == {"done"}
-    assert list(table["instances"]) == [4, 4] and all(t > 0 for t in table["tokens"])
+    assert list(table["scored"]) == ["4/4", "4/4"] and all(t > 0 for t in table["tokens"])
     assert "call 1" in texts(at), "the chosen run shows an instance's whole trajectory"
     assert any(m.name == "assistant" for m in at.chat_message)
 
@@ -198,6 +198,101 @@ def test_unfinished_run_offers_resume(world: World, svc: Service) -> None:
     assert svc.get_run(run.id).status == "done"
 
 
+def _progress_texts(at: AppTest) -> list[str]:
+    return [shown(str(p.proto.text)) for p in at.get("progress")]
+
+
+def test_runs_page_counts_what_is_stored_while_a_run_goes_on(world: World, svc: Service) -> None:
+    """Mid-run the summary is not written yet: the header, the table and the runs list count the
+    stored results (they read 'tokens 0 / calls 0' and 'None' before)."""
+    from dataclasses import replace
+    done = svc.results(world.run_ids[0])
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=10))
+    stored = [replace(r, run_id=run.id) for r in done if r.instance_id in run.instance_ids][:4]
+    svc.store.save_results(stored)
+    run.status = "running"
+    svc.store.update_run(run)  # as the runner leaves it between two results
+    at = open_page("1_runs")
+    assert by_label(at.selectbox, "Run").value == run.id
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["tokens"] == str(sum(r.prompt_tokens + r.completion_tokens for r in stored)) != "0"
+    assert metrics["model calls"] == str(sum(len(r.calls) for r in stored))
+    assert metrics["scored"] == "4/10"
+    assert "4 of 10 instances finished" in texts(at)
+    assert len(next(d.value for d in at.dataframe if "outcome" in d.value.columns)) == 4
+    table = at.dataframe[0].value
+    row = table[table["run"] == run.id].iloc[0]
+    correct = sum(r.correct for r in stored)
+    assert row["scored"] == "4/10" and row["accuracy"] == f"{correct / 4:.1%} of 4 scored"
+    assert not table.isna().any().any() and "None" not in table.astype(str).values, "no cell reads None"
+
+
+def test_two_models_compared_instance_by_instance(world: World, svc: Service) -> None:
+    at = open_page("1_runs")
+    a, b = by_label(at.selectbox, "A (before)").value, by_label(at.selectbox, "B (after)").value
+    assert {svc.get_run(a).model, svc.get_run(b).model} == {"alpha", "beta"}, "two models, same instances"
+    before = {r.instance_id: r for r in svc.results(a)}
+    after = {r.instance_id: r for r in svc.results(b)}
+    fixed = sorted(i for i in before if after[i].correct and not before[i].correct)
+    broken = sorted(i for i in before if before[i].correct and not after[i].correct)
+    assert {m.label: int(m.value) for m in at.metric if m.label in ("fixed", "broken")} == \
+        {"fixed": len(fixed), "broken": len(broken)}
+    if fixed or broken:
+        rows = next(d.value for d in at.dataframe if "change" in d.value.columns)
+        assert sorted(rows["instance"]) == sorted(fixed + broken), "fixed and broken shown first, by default"
+    else:
+        assert "No instance is fixed or broken." in texts(at)
+    at.get("button_group")[0].set_value(["fixed", "broken", "still wrong", "still right"]).run()
+    rows = next(d.value for d in at.dataframe if "change" in d.value.columns)
+    change = {i: ("fixed" if after[i].correct else "still wrong") if not before[i].correct
+              else ("still right" if after[i].correct else "broken") for i in before}
+    assert dict(zip(rows["instance"], rows["change"])) == change
+    assert "What differs: model" in texts(at) and "harness" not in texts(at).split("What differs:")[1][:60]
+    by_label(at.selectbox, "B (after)").set_value(a).run()
+    assert "Pick two different runs." in texts(at)
+
+
+def test_stopped_runs_say_how_much_was_scored(world: World, svc: Service) -> None:
+    from dataclasses import replace
+    nothing = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3))
+    svc.execute_run(nothing.id, cancelled=lambda: True)  # stopped before its first instance
+    half = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=4))
+    done = {r.instance_id: r for r in svc.results(world.run_ids[0])}
+    svc.store.save_results([replace(done[i], run_id=half.id) for i in half.instance_ids[:2]])
+    svc.execute_run(half.id, cancelled=lambda: True)  # two done, then stopped
+    assert svc.get_run(nothing.id).status == "cancelled" and len(svc.results(half.id)) == 2
+    at = open_page("1_runs")
+    table = at.dataframe[0].value.set_index("run")
+    assert table.loc[nothing.id, "accuracy"] == "—" and table.loc[nothing.id, "scored"] == "0/3"
+    assert table.loc[half.id, "accuracy"].endswith("of 2 scored") and table.loc[half.id, "scored"] == "2/4"
+    by_label(at.selectbox, "Run").set_value(half.id).run()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["scored"] == "2/4"
+    by_label(at.selectbox, "Run").set_value(nothing.id).run()
+    assert {m.label: m.value for m in at.metric}["accuracy"] == "—", "nothing scored is no accuracy, not 0 %"
+
+
+def test_a_queued_batch_that_is_stopped_is_cancelled_at_once(world: World, svc: Service) -> None:
+    import threading
+    release = threading.Event()
+    blockers = [svc.jobs.submit("run", {}, lambda ctx: (release.wait(60), {})[1]) for _ in range(2)]
+    try:
+        job_id = svc.start_run_job(RunRequest(suite="reasoning-mix", model="alpha", limit=2))
+        assert svc.job(job_id).status == "queued", "both worker slots are busy"
+        at = open_page("1_runs")
+        assert any("queued" in t for t in _progress_texts(at))
+        at.button(key=f"runs:stop:{job_id}").click().run()
+        assert not at.exception
+        assert svc.job(job_id).status == "cancelled", "stopped while queued: cancelled, not 'stopping…'"
+        at.run()
+        assert not [t for t in _progress_texts(at) if job_id in t]
+    finally:
+        release.set()
+    wait_jobs(svc)
+    assert svc.job(job_id).status == "cancelled" and not svc.results(svc.job(job_id).params["run_id"])
+    assert {svc.job(b).status for b in blockers} == {"done"}
+
+
 # ---------------------------------------------------------------- clusters and diagnoses
 
 def test_clusters_page_charts_and_drilldown(world: World, svc: Service) -> None:
@@ -215,6 +310,44 @@ def test_clusters_page_charts_and_drilldown(world: World, svc: Service) -> None:
     assert any(m.name == "assistant" for m in at.chat_message), "every prompt and response of the instance"
 
 
+def test_clusters_page_while_a_diagnosis_runs_does_not_invite_another(ecdysis_home: Path, svc: Service) -> None:
+    from ecdysis.store import JobRecord
+    register_models()
+    fresh = svc.run(RunRequest(suite="reasoning-mix", model="alpha", limit=3)).run_id
+    now = time.time()
+    svc.store.create_job(JobRecord(id="jdiag", kind="diagnose", params={"run_ids": [fresh]}, status="running",
+                                   total=1, message="clustering failures", created_at=now, updated_at=now))
+    at = open_page("2_clusters")
+    assert "A diagnosis is running." in texts(at)
+    assert "No diagnosis yet" not in texts(at) and "press Cluster and diagnose" not in texts(at)
+    assert any("clustering failures" in t for t in _progress_texts(at))
+
+
+def test_cluster_charts_with_one_model_count_and_colour_honestly(world: World, svc: Service) -> None:
+    """One model: its bars are named in a legend and the title says there is no cross-model
+    evidence; no model is painted in a verdict's colour; counts have whole ticks and words agree
+    with their numbers ('1 failure', never '1 failures')."""
+    import json
+    from app.charts import VERDICT_COLORS
+    one = svc.diagnose([world.run_ids[0]])
+    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.session_state["_remember:diagnosis"] = one.id
+    at.run()
+    at.switch_page("../pages/2_clusters.py").run()
+    assert_clean(at)
+    figures = {json.loads(c.proto.spec)["layout"]["title"]["text"].split(" (")[0]: json.loads(c.proto.spec)
+               for c in at.get("plotly_chart")}
+    by_model = figures["Cluster × model"]
+    assert "no cross-model evidence" in by_model["layout"]["title"]["text"]
+    assert by_model["layout"]["showlegend"] is True and [t["name"] for t in by_model["data"]] == ["alpha"]
+    assert not {t["marker"]["color"] for t in by_model["data"]} & set(VERDICT_COLORS.values())
+    sizes = figures["Cluster sizes by verdict"]["layout"]["xaxis"]
+    assert sizes["dtick"] >= 1 and sizes["tickformat"] == "d", "no 0.2-failure ticks"
+    words = texts(at) + "\n".join(str(o) for s in at.selectbox for o in s.options)
+    assert not re.findall(r"\b1 (?:failures|categories|instances|clusters|runs)\b", words), \
+        re.findall(r".{30}\b1 (?:failures|categories|instances|clusters|runs)\b", words)
+
+
 def test_diagnoses_page_reads_like_a_chat(world: World) -> None:
     at = open_page("3_diagnoses")
     names = {m.name for m in at.chat_message}
@@ -230,6 +363,7 @@ def test_review_approve_apply_then_evaluate(world: World, svc: Service) -> None:
     at = open_page("4_review")
     pid = by_label(at.selectbox, "Proposal").value
     assert at.get("html"), "the diff is rendered (diff-match-patch side by side)"
+    assert "from a diagnosis started by hand" in texts(at)
     at.button(key=f"approve:{pid}").click().run()
     assert_clean(at)
     assert svc.get_proposal(pid).status == "approved"
@@ -246,17 +380,46 @@ def test_review_approve_apply_then_evaluate(world: World, svc: Service) -> None:
     assert {(r.harness_version, r.split) for r in evaluations} >= {(applied.id, "validation"),
                                                                    (applied.parent, "validation")}
     wait_jobs(svc)
+    # The two evaluation runs open side by side on Runs: instance by instance, with the diff.
+    at.switch_page("../pages/1_runs.py").run()
+    assert_clean(at)
+    a, b = by_label(at.selectbox, "A (before)").value, by_label(at.selectbox, "B (after)").value
+    assert (svc.get_run(a).harness_version, svc.get_run(b).harness_version) == (applied.parent, applied.id)
+    assert svc.get_run(a).model == svc.get_run(b).model
+    before = {r.instance_id: r.correct for r in svc.results(a)}
+    after = {r.instance_id: r.correct for r in svc.results(b)}
+    both = before.keys() & after.keys()
+    expected = {"fixed": sum(after[i] and not before[i] for i in both),
+                "broken": sum(before[i] and not after[i] for i in both),
+                "still right": sum(before[i] and after[i] for i in both),
+                "still wrong": sum(not before[i] and not after[i] for i in both)}
+    metrics = {m.label: int(m.value) for m in at.metric if m.label in expected}
+    assert metrics == expected and sum(expected.values()) == len(both) > 0
+    assert f"{expected['fixed']} fixed, {expected['broken']} broken" in texts(at)
+    assert any("<ins>" in h or "class=\"add\"" in h for h in html_of(at)), "the harness diff from A to B"
 
 
-def test_review_reject_needs_a_reason(world: World, svc: Service) -> None:
+def test_review_reject_needs_a_reason_and_confirms(world: World, svc: Service) -> None:
     at = open_page("4_review")
     pid = by_label(at.selectbox, "Proposal").value
-    assert at.button(key=f"reject:{pid}").disabled
-    at.text_input(key=f"reason:{pid}").input("too specific to dates").run()
     at.button(key=f"reject:{pid}").click().run()
+    assert not at.exception
+    assert any("Say why you reject it" in e.value for e in at.error), "an empty reason is refused in words"
+    assert svc.get_proposal(pid).status == "pending"
+    at.text_input(key=f"reason:{pid}").input("too specific to dates")
+    at.button(key=f"reject:{pid}").click().run()  # one click sends the typed reason with it
     assert_clean(at)
     assert svc.get_proposal(pid).status == "rejected"
     assert svc.decisions(pid)[-1].reason == "too specific to dates"
+    confirmed = [shown(s.value) for s in at.success]
+    assert any(f"Rejected {pid} — too specific to dates." in s and "left to review" in s for s in confirmed), confirmed
+    assert by_label(at.segmented_control, "Show").value == "rejected", "the rejected proposal stays in view"
+    assert by_label(at.selectbox, "Proposal").value == pid
+    pending = [p.id for p in svc.proposals(status="pending")]
+    at.button(key="review:next").click().run()
+    assert_clean(at)
+    assert by_label(at.segmented_control, "Show").value == "pending"
+    assert by_label(at.selectbox, "Proposal").value in pending and pending
 
 
 def test_review_edit_updates_the_diff_and_records_the_files(world: World, svc: Service) -> None:
@@ -273,6 +436,40 @@ def test_review_edit_updates_the_diff_and_records_the_files(world: World, svc: S
     assert_clean(at)
     assert svc.get_proposal(pid).status == "edited"
     assert svc.decisions(pid)[-1].files_as_applied[path].endswith(marker)  # type: ignore[index]
+    assert by_label(at.selectbox, "Proposal").value == pid
+    patch = html_of(at)
+    assert "reviewed by a person" in patch[0], "The patch shows the edited files, not the Proposer's diff"
+    assert "As edited by reviewer" in texts(at)
+    assert not any("reviewed by a person" in h for h in patch[1:]), "the Proposer's original, folded away"
+    at.button(key=f"apply:{pid}").click().run()
+    assert_clean(at)
+    assert "reviewed by a person" in html_of(at)[0], "still the edited patch once applied"
+    applied = views.applied_version(pid, svc.harnesses())
+    assert applied is not None and applied.files[path].endswith(marker)
+
+
+def test_deciding_logs_no_widget_state_warning(world: World, svc: Service) -> None:
+    """The status filter was drawn with a default while `follow` set it through session state:
+    Streamlit logged a warning on every decision."""
+    import logging
+    from streamlit.elements.lib import policies
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger(policies.__name__)
+    policies._shown_default_value_warning = False  # it warns once per process
+    logger.addHandler(handler)
+    try:
+        at = open_page("4_review")
+        pid = by_label(at.selectbox, "Proposal").value
+        at.button(key=f"approve:{pid}").click().run()
+        assert_clean(at)
+        by_label(at.segmented_control, "Show").set_value("pending").run()
+        assert_clean(at)
+    finally:
+        logger.removeHandler(handler)
+    assert svc.get_proposal(pid).status == "approved"
+    assert not [r.getMessage() for r in records if "default value" in r.getMessage()]
 
 
 def test_review_edit_that_breaks_the_harness_is_refused_clearly(world: World, svc: Service) -> None:
@@ -321,16 +518,61 @@ def test_evolution_form_starts_one_job_per_strategy(ecdysis_home: Path, svc: Ser
     by_label(at.multiselect, "Model(s)").set_value(["alpha"])
     by_label(at.radio, "Strategy").set_value("both")
     by_label(at.radio, "Gate").set_value("auto")
-    for label, value in (("Iterations", 1), ("Train batch", 4), ("Validation", 4), ("Test", 4)):
+    for label, value in (("Iterations", 1), ("Train batch", 4), ("Validation", 4), ("Test", 4),
+                         ("Gate: minimum net wins", 1), ("Gate: standard errors", 0.5)):
         by_label(at.number_input, label).set_value(value)
     at.form_submit_button[0].click().run(timeout=60)
     assert_clean(at)
     assert sorted(e.strategy for e in svc.evolutions()) == ["ecdysis", "per-instance"]
+    assert {(e.config["gate_min_net"], e.config["gate_k"]) for e in svc.evolutions()} == {(1, 0.5)}, \
+        "the threshold set in the form is the one the gate uses"
     wait_jobs(svc, timeout=240)
     at.run()
     assert_clean(at)
     assert all(e.status == "done" and len(e.iterations) == 1 for e in svc.evolutions())
     assert "Training time: ecdysis" in texts(at)
+    # The gate, visible: the watched evolution's iteration with parent and candidate accuracy,
+    # paired wins and losses and the rule, as the engine measured them.
+    watched = svc.get_evolution(by_label(at.selectbox, "Evolution").value)
+    assert "net ≥ 1 and net > 0.5·√(wins+losses)" in texts(at)
+    gates = next(d.value for d in at.dataframe if "wins" in d.value.columns)
+    row = gates.iloc[0]
+    candidate = svc.store.get_harness(watched.iterations[0]["candidate_version"] or "")
+    if candidate is None:
+        assert row["outcome"] == "no candidate"
+    else:
+        verdict = candidate.metrics["gate"]
+        assert (row["parent acc"], row["candidate acc"]) == (verdict["parent_accuracy"], verdict["candidate_accuracy"])
+        assert (row["wins"], row["losses"], row["paired instances"]) == (verdict["wins"], verdict["losses"],
+                                                                         verdict["n"])
+        assert row["outcome"] == ("kept" if verdict["accepted"] else "rolled back")
+    assert "scoring the sealed test split" not in texts(at) and "iteration 2/1" not in texts(at)
+
+
+def test_evolution_figures_say_what_the_numbers_say(svc: Service) -> None:
+    """A finished run reads 'finished', a run past its last iteration reads as scoring the test
+    split (not 'iteration 2/1'), no change is no change (no green arrow on +0.0, no '1.00× fewer'),
+    and the cost charts keep room for their titles."""
+    same = _evolution("ecdysis", [6.0], [6], 0.3)
+    svc.store.save_evolution(same)
+    other = _evolution("per-instance", [6.0], [6], 0.3)
+    other.status, other.result["cursor"] = "running", {"iteration": 2, "phase": "test"}
+    svc.store.save_evolution(other)
+    at = open_page("5_evolution")
+    page = texts(at)
+    assert "Model calls: ecdysis 6 vs per-instance 6 — the same." in page, page
+    assert "1.00×" not in page
+    test_metric = next(m for m in at.metric if m.label == "test (sealed)")
+    assert test_metric.delta == "±0.0 pts vs base"
+    assert test_metric.proto.color == test_metric.proto.MetricColor.GRAY
+    assert test_metric.proto.direction == test_metric.proto.MetricDirection.NONE
+    by_label(at.selectbox, "Evolution").set_value(other.id).run()
+    assert "all iterations done, scoring the sealed test split" in texts(at)
+    assert "iteration 2/1" not in texts(at)
+    import json
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    cost = next(f for f in specs if any(a.get("text") == "model calls" for a in f["layout"].get("annotations", [])))
+    assert cost["layout"]["margin"]["t"] >= 60, "room above the plots for the panel titles"
 
 
 def test_human_gate_waits_for_the_review_page(ecdysis_home: Path, svc: Service) -> None:
@@ -346,6 +588,7 @@ def test_human_gate_waits_for_the_review_page(ecdysis_home: Path, svc: Service) 
     assert any("Waiting for your decision" in w.value for w in at.warning)
     review = open_page("4_review")
     assert f"This proposal belongs to evolution {evo.id}" in texts(review)
+    assert f"from evolution {evo.id} (ecdysis, iteration 1)" in texts(review)
     for _ in svc.proposals(status="pending"):
         pid = by_label(review.selectbox, "Proposal").value
         review.button(key=f"approve:{pid}").click().run()

@@ -1,0 +1,195 @@
+"""What only a browser shows, in headless Debian Chromium over a scripted world (no real model):
+a reason typed and Reject clicked once rejects; a folded run of unchanged lines unfolds in place;
+the run detail follows a batch that is running without a reload; a click on the failure map opens
+that failure's trajectory.
+
+The world is `test_app_pages`'s: the scripted models "alpha" and "beta" ran the starter harness on
+10 reasoning-mix instances and the heuristic roles diagnosed the batch. The app runs as
+`streamlit run` on a free port over a copy of it; the live-run test executes its batch in this
+process (a harness that sleeps, so it takes seconds), as a CLI run in another terminal would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+pytest.importorskip("playwright.sync_api")
+from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
+from servers.proc_tree import stop  # noqa: E402
+from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, free_port, settle, wait_healthy  # noqa: E402
+from test_app_pages import World, open_service, register_models, world_template  # noqa: E402,F401
+
+from ecdysis.service import RunRequest  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+STARTER = ROOT / "ecdysis" / "starter_harness"
+
+
+@pytest.fixture
+def world(world_template: tuple[Path, World], ecdysis_home: Path) -> World:
+    template, built = world_template
+    shutil.copytree(template, ecdysis_home)
+    register_models()
+    return built
+
+
+@pytest.fixture
+def app(ecdysis_home: Path, world: World, tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "ECDYSIS_HOME": str(ecdysis_home),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env.pop("ECDYSIS_APP_PASSWORD", None)
+    log = tmp_path / "streamlit.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
+                                 "--server.headless", "true"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield url
+    finally:
+        stop(proc, timeout_s=20)
+    text = log.read_text()
+    assert "Traceback" not in text, text[-4000:]
+    assert "created with a default value but also" not in text, "a widget state warning in the server log"
+
+
+@pytest.fixture
+def page() -> Iterator[Page]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium is not installed (scripts/setup.sh --system installs it)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        tab = context.new_page()
+        tab.set_default_timeout(30_000)
+        try:
+            yield tab
+        finally:
+            context.close()
+            browser.close()
+
+
+def goto(page: Page, url: str) -> None:
+    page.goto(url)
+    page.locator("h1").first.wait_for()
+    settle(page)
+
+
+def no_traceback(page: Page) -> None:
+    assert page.locator('[data-testid="stException"]').count() == 0, "a stack trace reached the page"
+
+
+def test_reject_takes_one_click_and_says_so(app: str, page: Page, world: World) -> None:
+    goto(page, f"{app}/review")
+    box = page.get_by_label("Reason for rejecting")
+    box.click()
+    box.type("too specific to dates")  # typed, never blurred: the click below must send it
+    page.get_by_role("button", name="Reject").click()
+    confirmation = page.get_by_text(re.compile(r"Rejected p\w+ — too specific to dates\."))
+    expect(confirmation).to_be_visible()
+    no_traceback(page)
+    svc = open_service()
+    try:
+        rejected = svc.proposals(status="rejected")
+        assert len(rejected) == 1 and svc.decisions(rejected[0].id)[-1].reason == "too specific to dates"
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+
+
+def test_folded_unchanged_lines_unfold_in_place(app: str, page: Page, world: World) -> None:
+    goto(page, f"{app}/review")
+    fold = page.locator("tr.fold label").first
+    fold.scroll_into_view_if_needed()
+    hidden = page.locator("tbody.ecd-hidden").first
+    expect(hidden).to_be_hidden()
+    first_hidden_line = hidden.locator("tr").first
+    fold.click()
+    expect(first_hidden_line).to_be_visible()
+    expect(page.locator("tbody.ecd-fold").first).to_contain_text("hide")
+    fold.click()
+    expect(first_hidden_line).to_be_hidden()
+
+
+def _slow_harness(folder: Path, seconds: float) -> Path:
+    shutil.copytree(STARTER, folder)
+    code = (folder / "harness.py").read_text()
+    code = code.replace("def solve(task, model, harness):",
+                        f"def solve(task, model, harness):\n    __import__('time').sleep({seconds})", 1)
+    (folder / "harness.py").write_text(code)
+    return folder
+
+
+def test_run_detail_follows_a_running_batch(app: str, page: Page, world: World, tmp_path: Path) -> None:
+    svc = open_service()
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=12,
+                                    harness=str(_slow_harness(tmp_path / "slow", 2.0))))
+    worker = threading.Thread(target=svc.execute_run, args=(run.id,), kwargs={"use_cache": False}, daemon=True)
+    try:
+        worker.start()
+        deadline = time.time() + 60
+        while svc.get_run(run.id).status != "running" or not svc.results(run.id):
+            assert time.time() < deadline, "the batch did not start"
+            time.sleep(0.2)
+        goto(page, f"{app}/runs")
+        finished = page.get_by_text(re.compile(r"^\d+ of 12 instances finished"))
+        expect(finished).to_be_visible()
+        counts = []
+        deadline = time.time() + 90
+        while svc.get_run(run.id).status == "running" and time.time() < deadline:
+            text = finished.inner_text(timeout=5_000)
+            counts.append(int(text.split()[0]))
+            scored = page.locator('[data-testid="stMetric"]', has_text="scored").inner_text()
+            stored = len(svc.results(run.id))
+            # The header, the caption and the table are one reading, at most a poll behind the store.
+            assert f"{counts[-1]}/12" in scored and stored - 2 <= counts[-1] <= stored, (scored, text, stored)
+            time.sleep(1.0)
+        assert len(set(counts)) >= 3 and counts == sorted(counts), f"the page did not follow the batch: {counts}"
+        worker.join(60)
+        expect(page.get_by_text("12 of 12 instances finished")).to_be_visible(timeout=15_000)
+        no_traceback(page)
+        tokens = page.locator('[data-testid="stMetric"]', has_text="tokens").inner_text()
+        assert re.search(r"\d", tokens) and not tokens.strip().endswith("\n0")
+    finally:
+        worker.join(60)
+        svc.store.close()  # type: ignore[attr-defined]
+
+
+def test_a_click_on_the_failure_map_opens_that_trajectory(app: str, page: Page, world: World) -> None:
+    svc = open_service()
+    try:
+        report = svc.get_diagnosis(world.diagnosis_id).report
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    shown_first = report["clusters"][0]["id"]
+    traces = sorted({c["id"] for c in report["clusters"]}, key=lambda cid: (len(cid), cid))  # the map's order
+    target = next(cid for cid in traces if cid != shown_first)
+    members = next(c for c in report["clusters"] if c["id"] == target)["members"]
+    goto(page, f"{app}/clusters")
+    cluster_box = page.get_by_role("combobox", name="Cluster", exact=True)
+    expect(cluster_box).to_have_value(re.compile(f"^{shown_first} · "))
+    chart = page.locator('[data-testid="stPlotlyChart"]').filter(has_text="Failure map")
+    chart.scroll_into_view_if_needed()
+    settle(page)
+    point = chart.locator(".scatterlayer .trace").nth(traces.index(target)).locator(".points path").first
+    expect(point).to_be_visible()
+    box = point.bounding_box()
+    assert box is not None
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    expect(cluster_box).to_have_value(re.compile(f"^{target} · "), timeout=15_000)
+    settle(page)
+    no_traceback(page)
+    trajectory = page.get_by_role("combobox", name="Trajectory of instance").input_value()
+    assert any(trajectory.startswith(m["instance_id"] + " · ") for m in members), trajectory
