@@ -131,31 +131,33 @@ def compare(svc: Service, evos: list[EvolutionRecord]) -> None:
     by_id = {e.id: e for e in evos}
     labels = {e.id: views.evolution_label(e) for e in evos}
     ecd_ids = [e.id for e in evos if e.strategy == "ecdysis"]
-    per_ids = [e.id for e in evos if e.strategy == "per-instance"]
+    per_ids = [e.id for e in evos if e.strategy != "ecdysis"]
     if not ecd_ids or not per_ids:
-        ui.empty_state("A comparison needs one evolution of each strategy.",
+        ui.empty_state("A comparison needs an Ecdysis evolution and a baseline (per-instance or self-evolution).",
                        "Start one with strategy 'both, side by side' (same suite, models and budget for each).")
         return
     left, right = st.columns(2)
     with left:
         a = ui.pick("Ecdysis evolution", ecd_ids, labels, key="cmp:ecdysis", default=_latest(evos, "ecdysis"))
     with right:
-        b = ui.pick("Per-instance evolution", per_ids, labels, key="cmp:per", default=_latest(evos, "per-instance"))
+        b = ui.pick("Baseline evolution", per_ids, labels, key="cmp:per",
+                    default=_latest(evos, "per-instance") or _latest(evos, "self-evolution"))
     if not a or not b:
         return
     ea, eb = by_id[a], by_id[b]
     result = views.compare(ea, eb)
     for sentence in result.sentences():
         st.markdown(f"- {sentence}")
-    st.caption("Training time is the wall-clock time of the iterations (batch, diagnosis, gate, validation). Cached "
-               "responses and reused identical runs cost almost nothing, so compare evolutions that ran on equal "
-               "terms (one after the other on a fresh data folder, or on different instances).")
+    st.caption("Speedup is the benchmark's: the model calls (and charged model seconds) each evolution spent before "
+               "its validation accuracy first reached the baseline's final one. Every call counts — roles, smoke runs, "
+               "screening, validation — and time waiting for a human never does. Evolutions started together with "
+               "'side by side' are charged for cached answers too, so neither rides on the other's calls.")
     if (ea.suite, sorted(ea.models)) != (eb.suite, sorted(eb.models)):
         st.warning("These evolutions ran on different suites or models; the numbers are not a fair comparison.")
     series = [(f"ecdysis {ea.id[:6]}", "ecdysis", ea.iterations, result.ecdysis.test_accuracy),
-              (f"per-instance {eb.id[:6]}", "per-instance", eb.iterations, result.per_instance.test_accuracy)]
+              (f"{eb.strategy} {eb.id[:6]}", eb.strategy, eb.iterations, result.baseline.test_accuracy)]
     harnesses = svc.harnesses()
     base = _base_accuracy(views.gate_rows(ea, harnesses)) or _base_accuracy(views.gate_rows(eb, harnesses))
     st.plotly_chart(charts.evolution_curves(series, base=base), key="cmp:curves", config={"displayModeBar": False})
-    st.plotly_chart(charts.cost_bars([result.ecdysis, result.per_instance]), key="cmp:cost",
+    st.plotly_chart(charts.cost_bars([result.ecdysis, result.baseline]), key="cmp:cost",
                     config={"displayModeBar": False})

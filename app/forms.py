@@ -108,7 +108,7 @@ GATE_HELP = ("The paired validation gate keeps a patched version only when, on t
              "minimum AND exceed that many standard errors of no change (√(wins + losses)). Small models flip "
              "answers from run to run; lower values accept noise.")
 STRATEGY_CHOICES = {"ecdysis": "ecdysis (batch clusters)", "per-instance": "per-instance search",
-                    "both": "both, side by side"}
+                    "self-evolution": "self-evolution (the paper's baseline)", "both": "ecdysis and per-instance, side by side"}
 
 
 def evolution_form(suites: Sequence[dict[str, Any]], harnesses: Sequence[HarnessVersion],
@@ -147,4 +147,5 @@ def evolution_form(suites: Sequence[dict[str, Any]], harnesses: Sequence[Harness
                          auto_approve=gate == "auto", role_backend=role or "heuristic",
                          concurrency=int(concurrency), max_model_calls=int(calls) or None,
                          gate_min_net=int(min_net), gate_k=float(k),
-                         label=f"ui-{s}") for s in strategies]
+                         # side by side they share one cache: each is charged for cached answers too
+                         charge_cached=strategy == "both", label=f"ui-{s}") for s in strategies]

@@ -340,26 +340,36 @@ def strategy_stats(e: EvolutionRecord) -> StrategyStats:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Ecdysis against per-instance search: the speedup in training time and model calls, and the
-    test-accuracy delta in percentage points (None where a side has not finished)."""
+    """Ecdysis against a baseline by the benchmark's definitions (`ecdysis.compare`): the speedup
+    to the baseline's final validation accuracy in model calls and in charged model seconds, and
+    the test-accuracy delta in percentage points (None where it is undefined or not finished)."""
 
     ecdysis: StrategyStats
-    per_instance: StrategyStats
-    speedup: float | None
-    calls_ratio: float | None
+    baseline: StrategyStats
+    speedup_calls: float | None
+    speedup_seconds: float | None
+    target: float | None
+    why: str | None
     accuracy_delta: float | None
 
     def sentences(self) -> list[str]:
-        e, p = self.ecdysis, self.per_instance
+        e, b = self.ecdysis, self.baseline
         out = []
-        if self.speedup is not None:
-            out.append(f"Training time: ecdysis {e.train_seconds:.1f} s vs per-instance {p.train_seconds:.1f} s "
-                       f"— {_ratio(self.speedup, 'faster', 'slower')}.")
-        if self.calls_ratio is not None:
-            out.append(f"Model calls: ecdysis {e.model_calls} vs per-instance {p.model_calls} "
-                       f"— {_ratio(self.calls_ratio, 'fewer', 'more')}.")
+        if self.speedup_calls is not None or self.speedup_seconds is not None:
+            parts = []
+            if self.speedup_calls:
+                ratio = _ratio(self.speedup_calls, 'fewer', 'more')
+                parts.append("the same number of calls" if ratio == "the same" else f"{ratio} calls")
+            if self.speedup_seconds:
+                ratio = _ratio(self.speedup_seconds, 'faster', 'slower')
+                parts.append("the same model time" if ratio == "the same" else f"{ratio} in model time")
+            out.append(f"Training time: ecdysis against {b.strategy}, to reach {b.strategy}'s final validation "
+                       f"accuracy {pct(self.target)} — " + (", ".join(parts) or "never reached") + ".")
+        else:
+            out.append(f"Training time: ecdysis against {b.strategy} — no speedup to state: {self.why or 'not finished'}.")
+        out.append(f"Model calls in all: ecdysis {e.model_calls} vs {b.strategy} {b.model_calls}.")
         if self.accuracy_delta is not None:
-            out.append(f"Test accuracy: ecdysis {pct(e.test_accuracy)} vs per-instance {pct(p.test_accuracy)} "
+            out.append(f"Test accuracy: ecdysis {pct(e.test_accuracy)} vs {b.strategy} {pct(b.test_accuracy)} "
                        f"— {self.accuracy_delta:+.1f} percentage points.")
         else:
             out.append("Test accuracy: not available until both evolutions finish (the test split is scored once, "
@@ -452,13 +462,16 @@ def gate_rows(e: EvolutionRecord, harnesses: Iterable[HarnessVersion]) -> list[G
     return rows
 
 
-def compare(ecdysis: EvolutionRecord, per_instance: EvolutionRecord) -> Comparison:
-    e, p = strategy_stats(ecdysis), strategy_stats(per_instance)
-    speedup = p.train_seconds / e.train_seconds if e.train_seconds > 0 and p.train_seconds > 0 else None
-    calls = p.model_calls / e.model_calls if e.model_calls > 0 and p.model_calls > 0 else None
-    delta = (100.0 * (e.test_accuracy - p.test_accuracy)
-             if e.test_accuracy is not None and p.test_accuracy is not None else None)
-    return Comparison(e, p, speedup, calls, delta)
+def compare(ecdysis: EvolutionRecord, baseline: EvolutionRecord) -> Comparison:
+    from ecdysis import compare as defs
+    e, b = strategy_stats(ecdysis), strategy_stats(baseline)
+    start = defs.start_accuracy(ecdysis)
+    start = defs.start_accuracy(baseline) if start is None else start
+    ours, theirs = defs.curve(ecdysis, start or 0.0), defs.curve(baseline, start or 0.0)
+    up = defs.speedup(theirs, ours, start or 0.0)
+    delta = (100.0 * (e.test_accuracy - b.test_accuracy)
+             if e.test_accuracy is not None and b.test_accuracy is not None else None)
+    return Comparison(e, b, up.get("calls"), up.get("seconds"), up.get("target"), up.get("why"), delta)
 
 
 # ---------------------------------------------------------------- harness lineage

@@ -42,7 +42,8 @@ def curve(evo: EvolutionRecord, start: float) -> list[Point]:
     points, calls, seconds, acc = [Point(0, 0.0, start)], 0, 0.0, start
     for row in evo.iterations:
         calls += int(row.get("model_calls") or 0)
-        seconds += float(row.get("model_seconds") or 0.0)
+        # Rows stored before model seconds were charged count their working time instead.
+        seconds += float(row["model_seconds"] if row.get("model_seconds") is not None else row.get("wall_seconds") or 0.0)
         if row.get("val_accuracy") is not None:
             acc = float(row["val_accuracy"])
         points.append(Point(calls, round(seconds, 3), acc))

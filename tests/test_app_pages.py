@@ -399,7 +399,19 @@ def test_review_approve_apply_then_evaluate(world: World, svc: Service) -> None:
     assert any("<ins>" in h or "class=\"add\"" in h for h in html_of(at)), "the harness diff from A to B"
 
 
+def second_proposal(svc: Service, world: World, pid: str = "p-second", files: dict[str, str] | None = None) -> str:
+    """A second pending proposal beside the world's one (both of its clusters want the same
+    prompt-side repair, so they share one proposal)."""
+    shared = svc.get_proposal(world.proposal_ids[0])
+    if files is None:
+        system = svc.store.get_harness(shared.harness_version).files["system.md"]  # type: ignore[union-attr]
+        files = {"system.md": system + "\nBe brief.\n"}
+    svc.store.save_proposal(replace(shared, id=pid, files=files))
+    return pid
+
+
 def test_review_reject_needs_a_reason_and_confirms(world: World, svc: Service) -> None:
+    second_proposal(svc, world)
     at = open_page("4_review")
     pid = by_label(at.selectbox, "Proposal").value
     at.button(key=f"reject:{pid}").click().run()
@@ -474,9 +486,8 @@ def test_deciding_logs_no_widget_state_warning(world: World, svc: Service) -> No
 
 def test_review_edit_that_breaks_the_harness_is_refused_clearly(world: World, svc: Service) -> None:
     # A proposal that changes harness code (the world's clusters both want the prompt-side repair).
-    shared = svc.get_proposal(world.proposal_ids[0])
-    code = svc.store.get_harness(shared.harness_version).files["harness.py"]  # type: ignore[union-attr]
-    svc.store.save_proposal(replace(shared, id="p-code-change", files={"harness.py": code + "\n# clearer\n"}))
+    code = svc.store.get_harness(svc.get_proposal(world.proposal_ids[0]).harness_version).files["harness.py"]  # type: ignore
+    second_proposal(svc, world, "p-code-change", {"harness.py": code + "\n# clearer\n"})
     at = open_page("4_review")
     pid = next(p.id for p in svc.proposals(status="pending") if any(f.endswith(".py") for f in p.files))
     by_label(at.selectbox, "Proposal").set_value(pid).run()
@@ -560,7 +571,7 @@ def test_evolution_figures_say_what_the_numbers_say(svc: Service) -> None:
     svc.store.save_evolution(other)
     at = open_page("5_evolution")
     page = texts(at)
-    assert "Model calls: ecdysis 6 vs per-instance 6 — the same." in page, page
+    assert "the same number of calls, the same model time." in page, page
     assert "1.00×" not in page
     test_metric = next(m for m in at.metric if m.label == "test (sealed)")
     assert test_metric.delta == "±0.0 pts vs base"
@@ -680,10 +691,12 @@ def test_failure_map_places_every_failure_deterministically(world: World, svc: S
 def test_comparison_numbers_and_missing_test_split() -> None:
     a, b = _evolution("ecdysis", [10.0], [50], 0.7), _evolution("per-instance", [18.4], [100], 0.5)
     result = views.compare(a, b)
-    assert round(result.speedup or 0, 2) == 1.84 and result.calls_ratio == 2.0
+    # to the baseline's final validation accuracy (0.4): 50 calls and 10 s against 100 and 18.4
+    assert round(result.speedup_seconds or 0, 2) == 1.84 and result.speedup_calls == 2.0
     assert round(result.accuracy_delta or 0, 1) == 20.0
+    assert "2.00× fewer calls" in result.sentences()[0] and "1.84× faster in model time" in result.sentences()[0]
     slower = views.compare(b, a).sentences()
-    assert "1.84× slower" in slower[0] and "2.00× more" in slower[1] and "−20.0" in slower[2].replace("-", "−")
+    assert "2.00× more calls" in slower[0] and "1.84× slower" in slower[0] and "−20.0" in slower[2].replace("-", "−")
     b.result.pop("test_accuracy")
     assert views.compare(a, b).accuracy_delta is None
     assert "not available until both evolutions finish" in " ".join(views.compare(a, b).sentences())
