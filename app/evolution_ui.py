@@ -57,6 +57,15 @@ def _body(svc: Service, evo: EvolutionRecord) -> None:
                         key=f"curve:{evo.id}", config={"displayModeBar": False})
         st.dataframe(views.iteration_rows(evo), hide_index=True, width="stretch")
         gate_table(evo, gates)
+        changes = views.change_rows(evo)
+        if changes:
+            st.markdown("**Each change: predicted, screened alone, validated**")
+            st.caption("Screened: the change alone on its own cluster's instances plus as many passing ones, paired "
+                       "against the parent. Only changes that gain there (and pay for any calls they add) are "
+                       "validated, one at a time.")
+            st.dataframe(changes, hide_index=True, width="stretch", key=f"changes:{evo.id}",
+                         column_config={"predicted": st.column_config.TextColumn("predicted", width="large"),
+                                        "why": st.column_config.TextColumn("why", width="large")})
     else:
         st.caption("The first iteration is running: train batch, then diagnosis, gate and validation.")
 

@@ -444,11 +444,26 @@ def gate_threshold(config: Mapping[str, Any]) -> str:
 
 
 def gate_rows(e: EvolutionRecord, harnesses: Iterable[HarnessVersion]) -> list[GateRow]:
-    """Each finished iteration's gate, from the verdict stored on its candidate version."""
+    """Each finished iteration's gates: one per change validated (changes are validated one at a
+    time), from the verdicts stored with the iteration; older records, from the candidate version."""
     by_id = {h.id: h for h in harnesses}
     needed = gate_threshold(e.config)
     rows = []
     for r in e.iterations:
+        steps = [st for st in r.get("steps", []) if st.get("verdict")]
+        if steps:
+            for step in steps:
+                v = step["verdict"]
+                what = ", ".join(str(c.get("operator") or c.get("proposal_id")) for c in step.get("changes", []))
+                rows.append(GateRow(int(r.get("iteration") or 0), v.get("parent_accuracy"), v.get("candidate_accuracy"),
+                                    v.get("wins"), v.get("losses"), v.get("n"), needed,
+                                    "kept" if step.get("kept") else "rolled back",
+                                    f"{what}: {v.get('reason', '')}" if what else str(v.get("reason", ""))))
+            continue
+        if r.get("steps") is not None:
+            rows.append(GateRow(int(r.get("iteration") or 0), None, None, None, None, None, needed,
+                                "no candidate", str(r.get("gate") or "")))
+            continue
         cand = by_id.get(str(r.get("candidate_version") or ""))
         verdict = (cand.metrics.get("gate") if cand else None) or {}
         if not verdict:
@@ -459,6 +474,28 @@ def gate_rows(e: EvolutionRecord, harnesses: Iterable[HarnessVersion]) -> list[G
                             verdict.get("candidate_accuracy"), verdict.get("wins"), verdict.get("losses"),
                             verdict.get("n"), needed, "kept" if verdict.get("accepted") else "rolled back",
                             str(verdict.get("reason", ""))))
+    return rows
+
+
+def change_rows(e: EvolutionRecord) -> list[dict[str, Any]]:
+    """Every proposal of every iteration with its predicted effect beside what it measurably did:
+    screened alone on its cluster (paired wins and losses, calls per instance), then validated."""
+    rows = []
+    for r in e.iterations:
+        measured = {c["proposal_id"]: c for st in r.get("steps", []) for c in st.get("changes", [])}
+        for h in r.get("history", []):
+            c = measured.get(h["proposal_id"], {})
+            sc, val = c.get("screened") or {}, c.get("measured") or {}
+            rows.append({
+                "iteration": r.get("iteration"), "proposal": h["proposal_id"], "operator": h.get("operator") or "edit",
+                "predicted": (c.get("predicted") or "")[:160] or None,
+                "screened": (f"net {sc['net']:+d} ({sc['wins']} won, {sc['losses']} lost of {sc['n']})"
+                             if sc.get("n") is not None and "net" in sc else None),
+                "calls/instance": (f"{sc.get('parent_calls', 0):g} → {sc.get('candidate_calls', 0):g}"
+                                   if "candidate_calls" in sc else None),
+                "validated": (f"{100 * val['val_delta']:+.1f} pts ({val['wins']} won, {val['losses']} lost)"
+                              if "val_delta" in val else None),
+                "outcome": str(h.get("outcome", "")).replace("_", " "), "why": h.get("why") or None})
     return rows
 
 

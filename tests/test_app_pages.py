@@ -612,6 +612,10 @@ def test_human_gate_waits_for_the_review_page(ecdysis_home: Path, svc: Service) 
     # every approved proposal was acted on: screened alone, and validated if it gained there
     assert row["screened"] >= 1 and row["history"], "the approved proposals were taken up by the evolution"
     assert {h["outcome"] for h in row["history"]} <= {"kept", "rolled_back", "screened_out"}, row["history"]
+    at = open_page("5_evolution")
+    assert "Each change: predicted, screened alone, validated" in texts(at)
+    shown_rows = [df.value for df in at.dataframe if "screened" in df.value.columns]
+    assert shown_rows and len(shown_rows[0]) == len(row["history"])
 
 
 def test_human_gated_evolution_points_to_review(svc: Service) -> None:

@@ -193,3 +193,17 @@ def test_curated_batches_put_earlier_failures_first() -> None:
     assert len([i for i in EcdysisBatch().batch(train, 10, 2, many) if i.id in many]) == 5  # at most half
     assert PerInstanceSearch().batch(train, 10, 2, many) == plain == SelfEvolution().batch(train, 10, 2, many)
     assert set(STRATEGIES) == {"ecdysis", "per-instance", "self-evolution"}
+
+
+def test_the_app_states_each_change_predicted_screened_and_validated(world) -> None:
+    from app import views
+    svc, suite, _ = world
+    evolver = Evolver(svc, reviewer=plant_bad(svc))
+    evo = evolver.run(evolver.create(config(suite)).id)
+    rows = {r["operator"]: r for r in views.change_rows(evo)}
+    good, bad = rows["answer_extraction"], rows["retry_unparsable"]
+    assert good["outcome"] == "kept" and good["predicted"] and good["screened"].startswith("net +")
+    assert good["validated"].startswith("+") and good["calls/instance"] == "1 → 1"
+    assert bad["outcome"] == "screened out" and bad["validated"] is None and "net +0" in bad["why"]
+    gates = views.gate_rows(evo, svc.harnesses())
+    assert len(gates) == 1 and gates[0].outcome == "kept" and gates[0].reason.startswith("answer_extraction:")
