@@ -108,7 +108,7 @@ GATE_HELP = ("The paired validation gate keeps a patched version only when, on t
              "minimum AND exceed that many standard errors of no change (√(wins + losses)). Small models flip "
              "answers from run to run; lower values accept noise.")
 STRATEGY_CHOICES = {"ecdysis": "ecdysis (batch clusters)", "per-instance": "per-instance search",
-                    "self-evolution": "self-evolution (the paper's baseline)", "both": "ecdysis and per-instance, side by side"}
+                    "self-evolution": "self-evolution (the paper's baseline)", "both": "both, side by side"}
 
 
 def evolution_form(suites: Sequence[dict[str, Any]], harnesses: Sequence[HarnessVersion],

@@ -207,3 +207,19 @@ def test_the_app_states_each_change_predicted_screened_and_validated(world) -> N
     assert bad["outcome"] == "screened out" and bad["validated"] is None and "net +0" in bad["why"]
     gates = views.gate_rows(evo, svc.harnesses())
     assert len(gates) == 1 and gates[0].outcome == "kept" and gates[0].reason.startswith("answer_extraction:")
+
+
+def test_a_stopped_evolution_can_be_sealed_where_it_stands(world) -> None:
+    """Benchmarks give every strategy one budget: one that spends it is tested as it stands (its
+    unfinished iteration abandoned), and the sealed test is not charged to the spent budget."""
+    svc, suite, _ = world
+    evolver = Evolver(svc, reviewer=plant_bad(svc))
+    evo = evolver.run(evolver.create(config(suite, iterations=3, max_model_calls=40)).id)
+    assert evo.status == "stopped" and evo.result["spent"]["calls"] <= 40
+    kept = evo.current_version
+    sealed = evolver.seal(evo.id)
+    assert sealed.status == "done" and sealed.result["final_version"] == kept
+    assert sealed.result["abandoned"]["iteration"] == len(sealed.iterations) + 1
+    assert sealed.result["test_spent"]["calls"] > 0 and sealed.result["spent"]["calls"] <= 40
+    with pytest.raises(Exception, match="only a stopped one"):
+        evolver.seal(evo.id)
