@@ -564,6 +564,7 @@ class Evolver:
         base = self.svc.harness(evo.current_version)
         files = dict(base.files)
         applied: list[dict[str, Any]] = []
+        seen: list[dict[str, str]] = []
         for pid in group:
             proposal = self.store.get_proposal(pid)
             if proposal is None or proposal.status not in COMPOSABLE:
@@ -571,6 +572,12 @@ class Evolver:
             chosen = approved_files(self.store, proposal)
             if chosen is None:
                 continue  # "applied" by hand outside this evolution, without an approval: not ours
+            if chosen in seen or all(files.get(path) == text for path, text in chosen.items()):
+                # The same change as one applied before it (two failing instances repaired alike): a
+                # second application would duplicate its lines.
+                self.store.set_proposal_status(pid, "superseded")
+                applied.append({"proposal_id": pid, "applied": False, "why": "the same change is already in the harness"})
+                continue
             origin = self.store.get_harness(proposal.harness_version) or base
             patch = [FileDiff.from_json(d) for d in _diffs_between(origin.files, {**origin.files, **chosen})]
             result = apply_diffs(files, patch)
@@ -579,6 +586,7 @@ class Evolver:
                 applied.append({"proposal_id": pid, "applied": False, "why": "; ".join(result.failures)})
                 continue
             files = result.files  # type: ignore[assignment]
+            seen.append(chosen)
             applied.append({"proposal_id": pid, "applied": True, "cluster_id": proposal.cluster_id,
                             "operator": proposal.spec.get("operator"), "spec": proposal.spec,
                             "predicted": proposal.spec.get("expected_effect", ""),

@@ -223,3 +223,15 @@ def test_a_stopped_evolution_can_be_sealed_where_it_stands(world) -> None:
     assert sealed.result["test_spent"]["calls"] > 0 and sealed.result["spent"]["calls"] <= 40
     with pytest.raises(Exception, match="only a stopped one"):
         evolver.seal(evo.id)
+
+
+def test_the_same_edit_made_for_several_instances_is_applied_once(world) -> None:
+    """Self-evolution repairs failing instances one by one, often with the same edit; composing
+    them applies it once (applying an insertion twice would duplicate its lines)."""
+    svc, suite, _ = world
+    evolver = Evolver(svc)
+    evo = evolver.run(evolver.create(config(suite, strategy="self-evolution", auto_approve=True)).id)
+    step = evo.iterations[0]["steps"][0]
+    applied = [c["operator"] for c in step["changes"]]
+    assert len(applied) == len(set(applied)), applied
+    assert any(s["why"] == "the same change is already in the harness" for s in step["skipped"]), step["skipped"]
