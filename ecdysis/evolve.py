@@ -35,7 +35,8 @@ from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, Harn
 
 STRATEGIES = tuple(STRATEGY_CLASSES)
 # Which phases' calls an iteration row counts under which name.
-PHASE_GROUP = {"train": "train", "diagnose": "diagnose", "screen": "screen", "validate": "validate"}
+PHASE_GROUP = {"train": "train", "diagnose": "diagnose", "screen": "screen", "rescreen": "screen",
+               "validate": "validate"}
 DECIDED_STATUS = {"approve": "approved", "edit": "edited", "reject": "rejected"}
 # Proposal statuses `_compose` (re)applies: "applied" and "superseded" are its own earlier verdicts
 # on them, which a process that died before saving the cursor must be able to reach again.
@@ -249,7 +250,11 @@ class Evolver:
             self._validate(evo, cfg, cur, budget)
             cur["phase"] = "judge"
         elif phase == "judge":
-            self._finish_step(evo, cur, GateVerdict(**cur["verdict"]))
+            verdict = GateVerdict(**cur["verdict"])
+            self._finish_step(evo, cur, verdict)
+            cur["phase"] = "rescreen" if plan.screens and verdict.accepted else "apply"
+        elif phase == "rescreen":
+            self._rescreen(evo, cfg, cur, budget)
             cur["phase"] = "apply"
         elif phase == "record":
             self._record(evo, cur, budget)
@@ -485,15 +490,31 @@ class Evolver:
                     if (p := self.store.get_proposal(pid)) is not None and p.status in COMPOSABLE]
         if not plan.screens:
             return [[pid] for pid in approved] if plan.one_at_a_time else ([approved] if approved else [])
+        return [[pid] for pid in self._survivors(evo, cfg, cur, approved, budget)]
+
+    def _survivors(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], pids: list[str],
+                   budget: CallBudget) -> list[str]:
+        """`pids` screened against the version kept so far, the survivors best first."""
         screened: dict[str, dict[str, Any]] = cur.setdefault("screen", {})
-        for pid in approved:
-            if pid not in screened:
+        for pid in pids:
+            if screened.get(pid, {}).get("against") != evo.current_version:
                 screened[pid] = self._screen(evo, cfg, cur, pid, budget)
                 self._save_cursor_only(cur)
-        survivors = [pid for pid in approved if screened[pid].get("passed")]
+        survivors = [pid for pid in pids if screened[pid].get("passed")]
         # The best measured gain per call first: the first kept change is the one with most evidence.
-        survivors.sort(key=lambda pid: (-screened[pid]["net"], screened[pid]["extra_calls"], approved.index(pid)))
-        return [[pid] for pid in survivors]
+        survivors.sort(key=lambda pid: (-screened[pid]["net"], screened[pid]["extra_calls"], pids.index(pid)))
+        return survivors
+
+    def _rescreen(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], budget: CallBudget) -> None:
+        """After a change is kept, the approved changes not yet validated are screened again on top
+        of it (greedy forward selection): one that gained nothing alone may complete the kept one
+        (an answer-extraction fix after a format instruction), and one that gained alone may add
+        nothing now."""
+        validated = {c["proposal_id"] for st in cur.get("steps", []) for c in st.get("changes", [])}
+        validated |= {a["proposal_id"] for st in cur.get("steps", []) for a in st.get("skipped", []) if "proposal_id" in a}
+        rest = [pid for pid in cur["proposal_ids"] if pid not in validated
+                and (p := self.store.get_proposal(pid)) is not None and p.status in ("approved", "edited")]
+        cur["queue"] = cur["queue"][:cur["step"]] + [[pid] for pid in self._survivors(evo, cfg, cur, rest, budget)]
 
     def _screen(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], pid: str,
                 budget: CallBudget) -> dict[str, Any]:
@@ -501,44 +522,65 @@ class Evolver:
         chosen = approved_files(self.store, proposal) if proposal else None
         if proposal is None or chosen is None:
             return {"passed": False, "net": 0, "extra_calls": 0.0, "reason": "no approved files"}
-        base = self.svc.harness(proposal.harness_version)
+        # Screened on top of the version kept so far (the iteration's start, or a change kept since).
+        current = self.svc.harness(evo.current_version)
+        origin = self.store.get_harness(proposal.harness_version) or current
+        against = {"against": current.id}
+        patch = [FileDiff.from_json(d) for d in _diffs_between(origin.files, {**origin.files, **chosen})]
+        applied = apply_diffs(current.files, patch)
+        if not applied.ok:
+            return {**against, "passed": False, "net": 0, "extra_calls": 0.0,
+                    "reason": "its patch no longer applies: " + "; ".join(applied.failures)}
         try:
-            candidate = new_version({**base.files, **chosen}, parent=base.id,
+            candidate = new_version(applied.files, parent=current.id,  # type: ignore[arg-type]
                                     note=f"screening {proposal.spec.get('operator') or pid}", status="candidate")
         except InputError as exc:
-            return {"passed": False, "net": 0, "extra_calls": 0.0, "reason": f"the patched harness is invalid: {exc}"}
+            return {**against, "passed": False, "net": 0, "extra_calls": 0.0,
+                    "reason": f"the patched harness is invalid: {exc}"}
+        if candidate.id == current.id:
+            return {**against, "passed": False, "net": 0, "extra_calls": 0.0,
+                    "reason": "the same change is already in the harness"}
         if self.store.get_harness(candidate.id) is None:
             self.store.put_harness(candidate)
         batch = self._train_window(evo, cfg, cur["iteration"])
-        parent_runs = list(cur["train_runs"].values())
-        parent = self._results(parent_runs)
+        train = self._results(list(cur["train_runs"].values()))
         cluster_ids = self._cluster_instances(cur, pid)
         own = [i for i in batch if i.id in cluster_ids]
         passing = [i for i in batch if i.id not in cluster_ids
-                   and all(parent.get((m, i.id)) and parent[(m, i.id)].correct for m in cfg.models)]
+                   and all(train.get((m, i.id)) and train[(m, i.id)].correct for m in cfg.models)]
         guards = passing[:max(2, len(own))]
         instances = own + guards
         if not own:
-            return {"passed": False, "net": 0, "extra_calls": 0.0, "candidate": candidate.id,
+            return {**against, "passed": False, "net": 0, "extra_calls": 0.0, "candidate": candidate.id,
                     "reason": "none of its cluster's instances is in this batch"}
-        runs = self._ensure_runs(cur, f"screen_runs:{pid}", candidate, instances, cfg, budget, split="train",
-                                 owner=evo.id)
+        if current.id == self._train_version(cur):
+            parent = train  # the batch's own outcomes: free
+        else:
+            parent = self._results(self._ensure_runs(cur, f"screen_parent:{current.id}", current, instances, cfg,
+                                                     budget, split="train", owner=evo.id))
+        runs = self._ensure_runs(cur, f"screen_runs:{pid}@{current.id}", candidate, instances, cfg, budget,
+                                 split="train", owner=evo.id)
         mine = self._results(runs)
         keys = sorted(k for k in mine if k in parent)
         verdict = {k: parent[k].correct for k in keys}, {k: mine[k].correct for k in keys}
         _, wins, losses = paired(*verdict)
         cost = call_cost(parent, mine, keys)
         net = wins - losses
-        result = {"candidate": candidate.id, "instances": len(instances), "cluster_instances": len(own),
+        result = {**against, "candidate": candidate.id, "instances": len(instances), "cluster_instances": len(own),
                   "guards": len(guards), "n": len(keys), "wins": wins, "losses": losses, "net": net, **cost}
         if net < cfg.screen_min_net:
-            why = f"screened alone: net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired) is below {cfg.screen_min_net:+d}"
+            why = (f"screened alone on {current.id}: net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired) "
+                   f"is below {cfg.screen_min_net:+d}")
             return {**result, "passed": False, "reason": why}
         short = cost_shortfall(net / max(1, len(keys)), cost["extra_calls"], cfg.min_gain_per_call)
         if short:
             return {**result, "passed": False, "reason": f"screened alone: {short}"}
         return {**result, "passed": True,
-                "reason": f"screened alone: net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired)"}
+                "reason": f"screened alone on {current.id}: net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired)"}
+
+    def _train_version(self, cur: dict[str, Any]) -> str | None:
+        runs = [self.store.get_run(rid) for rid in cur.get("train_runs", {}).values()]
+        return runs[0].harness_version if runs and runs[0] is not None else None
 
     def _cluster_instances(self, cur: dict[str, Any], pid: str) -> set[str]:
         """The instances of every cluster whose repair is this proposal (clusters that want the
@@ -723,9 +765,10 @@ class Evolver:
                 outcome = ("rejected", why)
             else:
                 outcome = fate.get(pid, ("not_applied", p.status))
+            tried_on = cur.get("screen", {}).get(pid, {}).get("against") if outcome[0] == "screened_out" else None
             out.append({"proposal_id": pid, "operator": p.spec.get("operator") or "", "cluster_id": p.cluster_id,
                         "change": str(p.spec.get("change", ""))[:200], "outcome": outcome[0],
-                        "why": str(outcome[1])[:300]})
+                        "why": str(outcome[1])[:300], "harness_version": tried_on or p.harness_version})
         return out
 
     def _test(self, evo: EvolutionRecord, cfg: EvolveConfig) -> None:

@@ -235,3 +235,38 @@ def test_the_same_edit_made_for_several_instances_is_applied_once(world) -> None
     applied = [c["operator"] for c in step["changes"]]
     assert len(applied) == len(set(applied)), applied
     assert any(s["why"] == "the same change is already in the harness" for s in step["skipped"]), step["skipped"]
+
+
+def test_a_change_that_completes_a_kept_one_is_screened_again_and_kept(tmp_path: Path, store) -> None:
+    """Greedy forward selection: a prompt line that turns empty replies into wrapped answers gains
+    nothing alone (the starter reads the first line), so screening drops it; once the extraction
+    repair is kept, it is screened again on top of it, gains, and is kept too."""
+    suite = write_suite(tmp_path / "tiny.jsonl")
+    rules, odd = [], []
+    for n, line in enumerate(suite.read_text().splitlines()[1:]):
+        row = json.loads(line)
+        wrapped = f"Let me think.\nThe answer is {row['target']}."
+        if n % 2:
+            rules.append(Rule(text=wrapped, match=f"Answer with digits: {row['input']}"))
+            odd.append(Rule(text="", match=row["input"]))
+        else:
+            rules.append(Rule(text=wrapped, match=row["input"]))
+    register_backend(ScriptedBackend(rules + odd, model_id="planted-complement", default="I do not know."))
+    svc = Service(store)
+
+    def review(proposal):
+        if proposal.spec.get("operator") == "answer_extraction":
+            return "approve", "", None
+        user = svc.harness(proposal.harness_version).files["user.md"]
+        return "edit", "ask for digits", {"user.md": "Answer with digits: " + user}
+
+    evolver = Evolver(svc, reviewer=review)
+    evo = evolver.run(evolver.create(config(str(suite), models=["planted-complement"])).id)
+    row = evo.iterations[0]
+    fate = {h["operator"]: h["outcome"] for h in row["history"]}
+    assert fate == {"answer_extraction": "kept", "retry_unparsable": "kept"}, row["history"]
+    first, second = row["steps"]
+    assert second["parent"] == first["candidate"] and second["kept"]
+    assert second["changes"][0]["screened"]["against"] == first["candidate"]
+    assert row["calls_by_phase"]["screen"] > 0 and row["kept"] == 2
+    assert evo.result["test_accuracy"] == 1.0

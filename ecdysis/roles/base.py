@@ -134,11 +134,15 @@ class CaseFile:
 
     @property
     def ruled_out(self) -> dict[str, str]:
-        """Operators an earlier iteration tried without keeping them, with what happened."""
+        """Operators an earlier iteration tried without keeping them, with what happened: one a
+        person rejected, always; one that screening or the gate found no better, while the harness
+        is still the version it was tried on (on a changed harness it may complete a kept change)."""
         out: dict[str, str] = {}
         for h in self.history:
-            if h.get("operator") and h.get("outcome") in ("rejected", "screened_out", "rolled_back"):
-                out[str(h["operator"])] = f"{str(h['outcome']).replace('_', ' ')} in iteration {h.get('iteration', '?')}"
+            outcome = h.get("outcome")
+            same = h.get("harness_version") in (None, self.harness_version)
+            if h.get("operator") and (outcome == "rejected" or (outcome in ("screened_out", "rolled_back") and same)):
+                out[str(h["operator"])] = f"{str(outcome).replace('_', ' ')} in iteration {h.get('iteration', '?')}"
         return out
 
 
