@@ -204,7 +204,7 @@ def test_the_app_states_each_change_predicted_screened_and_validated(world) -> N
     good, bad = rows["answer_extraction"], rows["retry_unparsable"]
     assert good["outcome"] == "kept" and good["predicted"] and good["screened"].startswith("net +")
     assert good["validated"].startswith("+") and good["calls/instance"] == "1 → 1"
-    assert bad["outcome"] == "screened out" and bad["validated"] is None and "net +0" in bad["why"]
+    assert bad["outcome"] == "screened out" and bad["validated"] is None and "lost" in bad["why"]
     gates = views.gate_rows(evo, svc.harnesses())
     assert len(gates) == 1 and gates[0].outcome == "kept" and gates[0].reason.startswith("answer_extraction:")
 
