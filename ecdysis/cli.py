@@ -237,6 +237,8 @@ def evolve(
                                                        "per instance, in screening and at the gate"),
     roles: str = typer.Option("heuristic", help="role backend: heuristic, or a model name for LLM roles"),
     max_rounds: int = typer.Option(3, min=1, help="Proposer/Critic rounds per cluster"),
+    screen_min_net: int = typer.Option(0, help="screening: the least net gain on the batch that sends a change on "
+                                               "to validation (0: drop only what loses there)"),
     passes: int = typer.Option(2, min=1, max=5, help="refinement passes: the first proposes, later ones review "
                                                      "the accepted specification (regressions, cost, generality)"),
     concurrency: int = typer.Option(1, min=1, max=256),
@@ -263,7 +265,8 @@ def evolve(
                            test_limit=test_limit, harness=harness, auto_approve=auto_approve, gate=gate,
                            gate_min_net=gate_min_net, role_backend=roles, max_rounds=max_rounds,
                            concurrency=concurrency, max_model_calls=max_model_calls, max_tokens=max_tokens,
-                           max_wall_s=max_wall, min_gain_per_call=min_gain_per_call, passes=passes)
+                           max_wall_s=max_wall, min_gain_per_call=min_gain_per_call, passes=passes,
+                           screen_min_net=screen_min_net)
         evo = evolver.run(evolver.create(cfg).id)
     result = summary(evo)
     if as_json:
