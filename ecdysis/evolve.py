@@ -806,6 +806,12 @@ class Evolver:
             raise Conflict(f"evolution {evo.id} is {evo.status}; only a stopped one can be sealed early")
         cur = evo.result["cursor"]
         evo.result["abandoned"] = {k: cur.get(k) for k in ("iteration", "phase")}
+        if cur.get("steps"):
+            # Changes kept before the budget ran out are in the version tested: their iteration is
+            # recorded as far as it went, so the curve shows what they gained and what they cost.
+            self._spent_before, self._budget = dict(evo.result.get("spent", {})), None
+            self._record(evo, cur, None)  # type: ignore[arg-type]
+            evo.iterations[-1]["partial"] = True
         evo.result["cursor"] = {"iteration": cur.get("iteration", 1), "phase": "test"}
         self.store.save_evolution(evo)
         return self.run(evolution_id)

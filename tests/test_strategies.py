@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -219,7 +220,10 @@ def test_a_stopped_evolution_can_be_sealed_where_it_stands(world) -> None:
     kept = evo.current_version
     sealed = evolver.seal(evo.id)
     assert sealed.status == "done" and sealed.result["final_version"] == kept
-    assert sealed.result["abandoned"]["iteration"] == len(sealed.iterations) + 1
+    abandoned = sealed.result["abandoned"]["iteration"]
+    assert abandoned in (len(sealed.iterations), len(sealed.iterations) + 1)
+    if sealed.iterations and sealed.iterations[-1].get("partial"):  # what it kept before stopping counts
+        assert sealed.iterations[-1]["harness_version"] == kept
     assert sealed.result["test_spent"]["calls"] > 0 and sealed.result["spent"]["calls"] <= 40
     with pytest.raises(Exception, match="only a stopped one"):
         evolver.seal(evo.id)
@@ -239,8 +243,25 @@ def test_the_same_edit_made_for_several_instances_is_applied_once(world) -> None
 
 def test_a_change_that_completes_a_kept_one_is_screened_again_and_kept(tmp_path: Path, store) -> None:
     """Greedy forward selection: a prompt line that turns empty replies into wrapped answers gains
-    nothing alone (the starter reads the first line), so screening drops it; once the extraction
-    repair is kept, it is screened again on top of it, gains, and is kept too."""
+    nothing alone (the starter reads the first line); once the extraction repair is kept, it is
+    screened again on top of it, gains, and is kept too."""
+    svc, suite, review = complement_world(tmp_path, store)
+    evolver = Evolver(svc, reviewer=review)
+    evo = evolver.run(evolver.create(config(suite, models=["planted-complement"])).id)
+    row = evo.iterations[0]
+    fate = {h["operator"]: h["outcome"] for h in row["history"]}
+    assert fate == {"answer_extraction": "kept", "retry_unparsable": "kept"}, row["history"]
+    first, second = row["steps"]
+    assert second["parent"] == first["candidate"] and second["kept"]
+    assert second["changes"][0]["screened"]["against"] == first["candidate"]
+    assert row["calls_by_phase"]["screen"] > 0 and row["kept"] == 2
+    assert evo.result["test_accuracy"] == 1.0
+
+
+def complement_world(tmp_path: Path, store) -> tuple[Service, str, Any]:
+    """The arithmetic suite with a model whose odd-numbered replies are empty unless the prompt asks
+    for digits first, and a reviewer who approves the extraction repair and turns the other
+    proposal into that prompt line: two changes, each kept on top of the other."""
     suite = write_suite(tmp_path / "tiny.jsonl")
     rules, odd = [], []
     for n, line in enumerate(suite.read_text().splitlines()[1:]):
@@ -259,14 +280,24 @@ def test_a_change_that_completes_a_kept_one_is_screened_again_and_kept(tmp_path:
             return "approve", "", None
         user = svc.harness(proposal.harness_version).files["user.md"]
         return "edit", "ask for digits", {"user.md": "Answer with digits: " + user}
+    return svc, str(suite), review
 
-    evolver = Evolver(svc, reviewer=review)
-    evo = evolver.run(evolver.create(config(str(suite), models=["planted-complement"])).id)
-    row = evo.iterations[0]
-    fate = {h["operator"]: h["outcome"] for h in row["history"]}
-    assert fate == {"answer_extraction": "kept", "retry_unparsable": "kept"}, row["history"]
-    first, second = row["steps"]
-    assert second["parent"] == first["candidate"] and second["kept"]
-    assert second["changes"][0]["screened"]["against"] == first["candidate"]
-    assert row["calls_by_phase"]["screen"] > 0 and row["kept"] == 2
-    assert evo.result["test_accuracy"] == 1.0
+
+def test_changes_kept_before_the_budget_ran_out_are_on_the_curve(tmp_path: Path, store) -> None:
+    """Stopped in the middle of an iteration after a change was kept: sealing records that
+    iteration as far as it went, so the comparison sees the gain and the calls it cost."""
+    from ecdysis.compare import curve
+    svc, suite, review = complement_world(tmp_path, store)
+    full = Evolver(svc, reviewer=review)
+    done = full.run(full.create(config(suite, models=["planted-complement"], label="full", charge_cached=True)).id)
+    spent = done.iterations[0]["model_calls"]
+    svc2 = Service(store)
+    evolver = Evolver(svc2, reviewer=review)
+    evo = evolver.run(evolver.create(config(suite, models=["planted-complement"], max_model_calls=spent * 3 // 4,
+                                            label="short", charge_cached=True)).id)
+    assert evo.status == "stopped" and evo.current_version != evo.base_version, evo.result
+    sealed = evolver.seal(evo.id)
+    row = sealed.iterations[-1]
+    assert row["partial"] and row["kept"] == 1 and row["val_accuracy"] > 0
+    points = curve(sealed, 0.0)
+    assert points[-1].val_accuracy == row["val_accuracy"] and points[-1].calls == sealed.result["spent"]["calls"]
