@@ -70,10 +70,22 @@ def evolve(svc: Any, cfg: Any) -> Any:
     mine = [e for e in svc.store.list_evolutions(limit=1000) if e.config.get("label") == cfg.label]
     evo = mine[0] if mine else evolver.create(cfg)
     if evo.status in ("running", "failed") or not mine:
-        evo = evolver.run(evo.id)
+        evo = _run_when_free(evolver, evo.id)
     if evo.status == "stopped":
         evo = evolver.seal(evo.id)
     return evo
+
+
+def _run_when_free(evolver: Any, evolution_id: str) -> Any:
+    """Run (or resume) it; a benchmark killed a moment ago still holds its lease, which lapses."""
+    from ecdysis.errors import Conflict
+    for _ in range(3):
+        try:
+            return evolver.run(evolution_id)
+        except Conflict as exc:
+            print(f"  waiting: {exc.message}", flush=True)
+            time.sleep(30)
+    return evolver.run(evolution_id)
 
 
 def base_val(svc: Any, args: argparse.Namespace, suite: str) -> float:
@@ -158,13 +170,13 @@ def markdown(result: dict[str, Any]) -> str:
     cfg = result["config"]
     lines = [f"Models {', '.join(cfg['model'])}; {cfg['iterations']} iterations, batch {cfg['batch_size']}, "
              f"validation {cfg['val_limit']}, test {cfg['test_limit']} (or the whole split if smaller), budget "
-             f"{cfg['budget']} model calls a strategy, seeds {', '.join(map(str, result['seeds']))}; "
+             f"{cfg['budget']} model calls a strategy, {cfg['seeds']} seeds planned; "
              f"{result['measured']}; load {result['machine']['load_before']}→{result['machine']['load_after']}, "
              f"CPU steal {result['machine']['steal_pct']} %."]
     for suite, per in result["suites"].items():
         for roles, block in per.items():
-            lines += ["", f"**{suite}**, roles `{roles}` (starter harness: validation "
-                          f"{block['base_val_accuracy']}):", "",
+            lines += ["", f"**{suite}**, roles `{roles}`, seeds {', '.join(map(str, block['seeds']))} (starter "
+                          f"harness: validation {block['base_val_accuracy']}):", "",
                       "| strategy | test accuracy (95 % CI) | final validation | calls | model s | kept changes |",
                       "|---|---|---|---:|---:|---:|"]
             for name, st in block["strategies"].items():
@@ -197,6 +209,14 @@ def merge(top: dict[str, Any], suite: str, roles: str, block: dict[str, Any]) ->
     first = next(iter(top["suites"].values()))
     head = first.get("heuristic") or next(iter(first.values()))
     top["strategies"], top["comparison"] = head["strategies"], head["comparison"]
+
+
+def rerender(path: Path) -> str:
+    """The Markdown table of a stored results JSON (after a benchmark was stopped by hand)."""
+    result = json.loads(path.read_text())
+    table = markdown(result)
+    path.with_suffix(".md").write_text(table)
+    return table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
