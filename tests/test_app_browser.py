@@ -11,11 +11,8 @@ process (a harness that sleeps, so it takes seconds), as a CLI run in another te
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,8 +22,7 @@ import pytest
 
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
-from servers.proc_tree import stop  # noqa: E402
-from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, free_port, settle, wait_healthy  # noqa: E402
+from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, settle, streamlit_app  # noqa: E402
 from test_app_pages import World, open_service, register_models, world_template  # noqa: E402,F401
 
 from ecdysis.service import RunRequest  # noqa: E402
@@ -47,20 +43,9 @@ def world(world_template: tuple[Path, World], ecdysis_home: Path) -> World:
 
 @pytest.fixture
 def app(ecdysis_home: Path, world: World, tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "ECDYSIS_HOME": str(ecdysis_home),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    env.pop("ECDYSIS_APP_PASSWORD", None)
     log = tmp_path / "streamlit.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
-                                 "--server.headless", "true"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, log)
+    with streamlit_app(ecdysis_home, log) as url:
         yield url
-    finally:
-        stop(proc, timeout_s=20)
     text = log.read_text()
     assert "Traceback" not in text, text[-4000:]
     assert "created with a default value but also" not in text, "a widget state warning in the server log"

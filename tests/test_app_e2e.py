@@ -10,6 +10,8 @@ themselves), the browser's download and upload, and the real model. A screenshot
 
 from __future__ import annotations
 
+import contextlib
+
 import io
 import os
 import socket
@@ -59,15 +61,14 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: fl
     pytest.fail(f"streamlit did not become healthy:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture
-def app_url(tmp_path: Path, ecdysis_home: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def streamlit_app(home: Path, log: Path, **env_extra: str) -> Iterator[str]:
+    """The app on a free port with `home` as its data folder, healthy; stopped on exit. Its
+    output goes to `log`."""
     port = free_port()
-    # The walk checks the app's flow on the fastest embedded model; the default pair (Qwen 0.5B +
-    # SmolLM2) is what the page offers (test_app_pages) and runs end to end in test_cli.
-    env = {**os.environ, "ECDYSIS_HOME": str(ecdysis_home), "ECDYSIS_MODELS": "smollm2",
+    env = {**os.environ, "ECDYSIS_HOME": str(home), **env_extra,
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     env.pop("ECDYSIS_APP_PASSWORD", None)
-    log = tmp_path / "streamlit.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
                                  "--server.headless", "true"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -77,6 +78,15 @@ def app_url(tmp_path: Path, ecdysis_home: Path) -> Iterator[str]:
         yield url
     finally:
         stop(proc, timeout_s=20)
+
+
+@pytest.fixture
+def app_url(tmp_path: Path, ecdysis_home: Path) -> Iterator[str]:
+    log = tmp_path / "streamlit.log"
+    # The walk checks the app's flow on the fastest embedded model; the default pair (Qwen 0.5B +
+    # SmolLM2) is what the page offers (test_app_pages) and runs end to end in test_cli.
+    with streamlit_app(ecdysis_home, log, ECDYSIS_MODELS="smollm2") as url:
+        yield url
     assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
 
 

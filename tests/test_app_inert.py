@@ -11,10 +11,7 @@ points elsewhere, and on any hit at the bait server.
 from __future__ import annotations
 
 import http.server
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -160,23 +157,13 @@ def test_no_page_makes_the_browser_reach_another_host(world: hostile_world.Hosti
                                                       ecdysis_home: Path, tmp_path: Path) -> None:
     pytest.importorskip("playwright.sync_api")
     from playwright.sync_api import sync_playwright
-    from servers.proc_tree import stop
-    from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, free_port, settle, wait_healthy
+    from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, settle, streamlit_app
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian chromium is not installed (scripts/setup.sh --system installs it)")
-    port = free_port()
-    env = {**os.environ, "ECDYSIS_HOME": str(ecdysis_home),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    env.pop("ECDYSIS_APP_PASSWORD", None)
-    log = tmp_path / "streamlit.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
-                                 "--server.headless", "true"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    app = f"127.0.0.1:{port}"
     requested: list[str] = []
     offsite: dict[str, list[str]] = {}
-    try:
-        wait_healthy(f"http://{app}", proc, log)
+    with streamlit_app(ecdysis_home, tmp_path / "streamlit.log") as url:
+        app = url.removeprefix("http://")
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             context = browser.new_context(viewport={"width": 1280, "height": 1600})
@@ -200,8 +187,6 @@ def test_no_page_makes_the_browser_reach_another_host(world: hostile_world.Hosti
             body = tab.inner_text("body")
             context.close()
             browser.close()
-    finally:
-        stop(proc, timeout_s=20)
     assert not offsite, offsite
     assert not [u for u in requested if _external(u, app)], [u for u in requested if _external(u, app)][:5]
     assert not bait.hits, bait.hits
