@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, settle, streamlit_app  # noqa: E402
-from test_app_pages import World, open_service, register_models, world_template  # noqa: E402,F401
+from test_app_pages import World, open_service, register_models, world, world_template  # noqa: E402,F401
 
 from ecdysis.service import RunRequest  # noqa: E402
 
@@ -31,14 +31,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTER = ROOT / "ecdysis" / "starter_harness"
-
-
-@pytest.fixture
-def world(world_template: tuple[Path, World], ecdysis_home: Path) -> World:
-    template, built = world_template
-    shutil.copytree(template, ecdysis_home)
-    register_models()
-    return built
 
 
 @pytest.fixture
