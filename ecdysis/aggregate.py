@@ -321,17 +321,21 @@ class ThresholdVerdicts:
 
     1. noise — fewer than `min_instances` distinct instances, or at most `small_size` failures whose
        evidence consistency is below `min_consistency`;
-    2. model-specific — at least `min_instances_specific` instances, at least two models ran them,
-       one shows the pattern on at least `dominant_rate` of those it ran and every other on at
-       most `other_rate`;
-    3. harness-level — at least `min_instances_harness` instances, systematicity at least
+    2. harness-level when the replies were cut at the harness's token limit (`truncated`, at least
+       `min_instances_harness` instances): the budget is a harness setting, whoever hits it;
+    3. model-specific — at least `min_instances_specific` instances, at least two models ran them,
+       one shows the pattern on at least `dominant_rate` of those it ran, every other on at most
+       `other_rate`, and some other model *passed* at least `contrast_pass_rate` of them (a model
+       that fails them another way is no contrast);
+    4. harness-level — at least `min_instances_harness` instances, systematicity at least
        `min_systematicity`, evidence consistency at least `min_consistency_harness` (members that
        do not resemble each other do not name one cause), and either at least two models show it
        on `shared_rate` or more of the instances they ran, or (cross-model evidence unavailable)
        it spans `min_categories` categories (or the batch has only one) and, for well-formed wrong
        answers, at least `min_recoverable` of the replies state the right answer (a probe that the
        harness could recover it; without it they agree only on an answer shape);
-    4. otherwise noise: it recurs, but too narrowly or too unevenly to justify a harness change."""
+    5. otherwise noise: it recurs, but too narrowly or too unevenly to justify a harness change (or
+       one model shows it and no other passes these instances: nothing can be attributed)."""
 
     min_instances: int = 2
     small_size: int = 3
@@ -345,6 +349,7 @@ class ThresholdVerdicts:
     min_systematicity: float = 0.4
     min_consistency_harness: float = 0.5
     min_recoverable: float = 0.5
+    contrast_pass_rate: float = 0.5
 
     def judge(self, ev: ClusterEvidence, systematicity: float) -> tuple[Verdict, str]:
         ran = {m: r for m, r in ev.rates.items() if r.ran}
@@ -355,6 +360,13 @@ class ThresholdVerdicts:
         if ev.n_failures <= self.small_size and ev.consistency < self.min_consistency:
             return "noise", (f"Tiny and inconsistent: {_count(ev.n_failures, 'failure')} whose evidence agrees "
                              f"only {ev.consistency:.2f} (below {self.min_consistency}).")
+        if ev.failure_type == "truncated" and ev.n_instances >= self.min_instances_harness:
+            # The token budget is a harness setting: a reply cut at it is the harness's to fix
+            # (a larger budget, or asking for the answer first), whichever model ran into it.
+            who = ", ".join(_rate_text(m, r) for m, r in sorted(ran.items()) if r.hit)
+            return "harness-level", (f"Cut at the harness's own token limit (max_tokens) on "
+                                     f"{_count(ev.n_instances, 'instance')} ({who}); the budget is a harness "
+                                     f"setting, so the harness owns the repair whichever model hits it.")
         specific = self._model_specific(ran) if ev.n_instances >= self.min_instances_specific else None
         if specific:
             return "model-specific", specific
@@ -383,6 +395,12 @@ class ThresholdVerdicts:
                 return "harness-level", (f"Cross-model evidence unavailable ({why}: {alone}); recurs on "
                                          f"{spread}; systematicity {systematicity:.2f}.")
         rates = ", ".join(_rate_text(m, r) for m, r in sorted(ran.items()))
+        if len(ran) >= 2 and len(hit_models) == 1 and ev.n_instances >= self.min_instances_specific:
+            contrast = "; ".join(f"{m} passed {r.passed} of the {r.ran} it ran" for m, r in sorted(ran.items())
+                                 if m not in hit_models)
+            return "noise", (f"Not attributable: only {hit_models[0]} shows the pattern on {spread}, but no other "
+                             f"model passes these instances ({contrast}), so nothing shows whether the model or "
+                             f"the harness is at fault.")
         return "noise", (f"Recurs too narrowly or unevenly to act on: {spread}"
                          f"{f' ({rates})' if rates else ''}; systematicity {systematicity:.2f}.")
 
@@ -392,6 +410,10 @@ class ThresholdVerdicts:
         top_model, top = max(ran.items(), key=lambda kv: (kv[1].rate, kv[0]))
         others = {m: r for m, r in ran.items() if m != top_model}
         if top.rate < self.dominant_rate or any(r.rate > self.other_rate for r in others.values()):
+            return None
+        # Only a model that *passes* these instances shows the fault is the first model's: one that
+        # fails them another way says nothing about where this pattern comes from.
+        if not any(r.ran and r.passed / r.ran >= self.contrast_pass_rate for r in others.values()):
             return None
         contrast = "; ".join(f"{m} ran {r.ran} of them and showed it on {r.hit + r.kin} "
                              f"(passed {r.passed}, failed {r.failed_otherwise} otherwise)"

@@ -45,18 +45,41 @@ def _progress_sink(progress: Progress, task_id: Any) -> Callable[[dict[str, Any]
 
 
 @app.command()
-def suites(as_json: bool = typer.Option(False, "--json", help="print a JSON list")) -> None:
-    """List the available task suites with sizes and categories."""
+def suites(as_json: bool = typer.Option(False, "--json", help="print a JSON list"),
+           match: Optional[str] = typer.Option(None, "--match", help="only suites whose name holds this text"),
+           source: Optional[str] = typer.Option(None, "--source", help="builtin | bigbench | jsonl"),
+           catalogue: bool = typer.Option(False, "--catalogue",
+                                          help="first list the BIG-bench tasks not catalogued yet (minutes)")) -> None:
+    """List the task suites (built-in, imported, fetched BIG-bench) with sizes, categories and answer forms."""
+    from ecdysis.suites import bigbench_catalogue, uncatalogued_tasks
+    if catalogue:
+        bigbench_catalogue(progress=lambda n, total, task: err.print(f"cataloguing {n}/{total}: {escape(task)}"))
     rows = _service().suites()
+    if match:
+        rows = [r for r in rows if match.casefold() in r["name"].casefold()]
+    if source:
+        rows = [r for r in rows if str(r.get("source", "")).split(":")[0] == source]
     if as_json:
         _emit_json(rows)
         return
-    table = Table("suite", "size", "categories", "scorer", "source")
+    table = Table("suite", "size", "categories", "answer form", "scorer", "source")
     for r in rows:
-        table.add_row(escape(r["name"]), str(r["size"]),
-                      escape(", ".join(f"{k} {v}" for k, v in r["categories"].items())),
-                      escape(str(r.get("scorer", ""))), escape(str(r.get("source", ""))))
+        cats = r["categories"]
+        cat_text = (", ".join(f"{k} {v}" for k, v in cats.items()) if len(cats) <= 5
+                    else f"{len(cats)} categories")
+        forms = sorted({_form_text(f) for f in r.get("answer_forms", {}).values()})
+        table.add_row(escape(r["name"]), str(r["size"]), escape(cat_text), escape(", ".join(forms)),
+                      escape(str(r.get("scorer", ""))), escape(str(r.get("source", "")).split(":")[0]))
     out.print(table)
+    missing = uncatalogued_tasks()
+    if missing:
+        err.print(f"{missing} fetched BIG-bench task(s) are not listed yet: `ecdysis suites --catalogue` "
+                  "lists them (a few minutes); each runs as bigbench:TASK meanwhile")
+
+
+def _form_text(form: dict[str, Any]) -> str:
+    from ecdysis.suites.forms import AnswerForm
+    return AnswerForm.from_json(form).describe()
 
 
 def _summary_table(summary: dict[str, Any]) -> Table:

@@ -82,8 +82,23 @@ class Failure:
         return Failure(**{k: data[k] for k in Failure.__dataclass_fields__ if k in data})
 
 
+# The suite's answer form (`suites.forms`, in `fields["answer_form"]`) -> the taxonomy's shape.
+_FORM_SHAPES: dict[str, AnswerShape] = {"choice": "choice", "yes_no": "boolean", "true_false": "boolean",
+                                        "integer": "number", "decimal": "number", "list": "word_list",
+                                        "json": "text", "text": "text"}
+
+
+def answer_form(instance: Instance) -> dict[str, Any]:
+    """The instance's declared or inferred answer form ({} when the suite was built without one)."""
+    form = instance.fields.get("answer_form") or {}
+    return {"kind": form} if isinstance(form, str) else dict(form)
+
+
 def expected_shape(instance: Instance) -> AnswerShape:
-    """The form a correct answer takes, read off the instance (choices, then the target)."""
+    """The form a correct answer takes: the suite's answer form, else read off the instance."""
+    kind = answer_form(instance).get("kind")
+    if kind in _FORM_SHAPES:
+        return "choice" if instance.choices else _FORM_SHAPES[kind]
     if instance.choices:
         return "choice"
     target = instance.target.strip()
@@ -95,6 +110,32 @@ def expected_shape(instance: Instance) -> AnswerShape:
     if len(words) >= 2 and all(_WORD.fullmatch(w) for w in words):
         return "word_list"
     return "text"
+
+
+def mentions(text: str, phrase: str) -> bool:
+    """Does `text` hold `phrase` as a whole: not inside a longer word or number ("plausible" is not
+    in "implausible", 8 is not in "$288" or "8.5", "no" is not in "not")?"""
+    phrase = phrase.strip()
+    if not phrase:
+        return False
+    pattern = r"(?<![\w.])" if phrase[0].isalnum() else ""
+    pattern += re.escape(phrase) + (r"(?!\w|[.,]\d)" if phrase[-1].isalnum() else "")
+    return re.search(pattern, text, re.IGNORECASE) is not None
+
+
+def _booleans(instance: Instance) -> set[str]:
+    kind = answer_form(instance).get("kind")
+    return {"yes", "no"} if kind == "yes_no" else {"true", "false"} if kind == "true_false" else _BOOLEANS
+
+
+def letter_mentioned(text: str, letters: str) -> bool:
+    """Is an option letter named as one: "(B)", "B.", "B)", "B:", a line of its own, or "answer is
+    B"? A capital "A" used as an article ("A man walks") is not."""
+    if not letters:
+        return False
+    span = f"[{letters}]"
+    return re.search(rf"\({span}\)|\b{span}[.):](?!\w)|^\s*{span}\s*$|answer\W{{0,4}}(?:is\W{{0,3}})?{span}\b",
+                     text, re.MULTILINE) is not None
 
 
 def _letters(instance: Instance) -> list[str]:
@@ -123,7 +164,9 @@ def conforms(answer: str, shape: AnswerShape, instance: Instance) -> bool:
     if shape == "number":
         return bool(_NUMBER_FULL.fullmatch(text))
     if shape == "boolean":
-        return text.lower().strip(".") in _BOOLEANS
+        return text.lower().strip(".") in _booleans(instance)
+    if shape == "word_list" and answer_form(instance).get("bracketed"):
+        return bool(re.fullmatch(r"\[[^\[\]]*\]", text))
     if shape == "word_list":  # the same words, space-separated, in any order
         words = text.split()
         target_words = sorted(w.lower() for w in _WORD.findall(instance.target))
@@ -137,15 +180,38 @@ def _shape_in_text(text: str, shape: AnswerShape, instance: Instance) -> bool:
     if shape == "number":
         return bool(_NUMBER.search(text))
     if shape == "boolean":
-        return bool(re.search(r"\b(true|false|yes|no)\b", text, re.I))
+        return any(mentions(text, word) for word in _booleans(instance))
     if shape == "choice":
-        options = [c.lower() for c in instance.choices or ()]
-        letters = "".join(_letters(instance))
-        return bool(letters and re.search(rf"\(?\b[{letters}]\b\)?", text)) or any(o in text.lower() for o in options)
+        return letter_mentioned(text, "".join(_letters(instance))) or any(
+            mentions(text, option) for option in instance.choices or ())
     if shape == "word_list":
         words = {w.lower() for w in _WORD.findall(instance.target)}
         return bool(words) and words <= {w.lower() for w in _WORD.findall(text)}
     return bool(text.strip())
+
+
+def _squashed(text: str) -> str:
+    return " ".join(str(text).split()).casefold()
+
+
+def prompt_omissions(result: InstanceResult, instance: Instance) -> list[str]:
+    """What the suite states about the task that the first model call's prompt leaves out: its
+    instruction (`task_prefix`), its options, its input."""
+    if not result.calls:
+        return []
+    messages = (result.calls[0].request or {}).get("messages") or []
+    prompt = _squashed(" ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict)))
+    if not prompt:
+        return []
+    missing = []
+    prefix = _squashed(instance.fields.get("task_prefix") or "")
+    if prefix and prefix[:300] not in prompt:
+        missing.append("the task's instruction (task_prefix)")
+    if instance.choices and not all(_squashed(c) in prompt for c in instance.choices):
+        missing.append("the options")
+    if _squashed(instance.input)[:300] not in prompt:
+        missing.append("the input")
+    return missing
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -218,13 +284,14 @@ def _answer_evidence(result: InstanceResult, instance: Instance, kind: FailureTy
     raw = result.raw_output
     last = result.calls[-1] if result.calls else None
     recoverable = _shape_in_text(raw, shape, instance)
-    target_in_reply = bool(instance.target.strip()) and instance.target.strip().lower() in raw.lower()
+    target_in_reply = mentions(raw, instance.target)
     detail: dict[str, Any] = {
         "finish_reason": last.finish_reason if last else None,
         "completion_tokens": last.completion_tokens if last else 0,
         "max_tokens": int((last.request or {}).get("max_tokens", 0)) if last else 0,
         "calls": len(result.calls), "shape_in_reply": recoverable, "target_in_reply": target_in_reply,
         "answer_words": len(answer.split()),
+        "prompt_omits": prompt_omissions(result, instance),
     }
     if kind == "wrong_answer":
         excerpt = f"answered {_clip(answer, 60)!r}, expected {_clip(instance.target, 60)!r}"

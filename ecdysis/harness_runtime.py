@@ -81,14 +81,49 @@ class Harness:
         return render(self.read(name), variables)
 
     def task_variables(self, task: dict[str, Any]) -> dict[str, Any]:
-        """The variables templates can use: the task's fields plus `choices_text` (A. ..., B. ...)."""
+        """The variables templates can use: the task's fields, `choices_text` (A. ..., B. ...),
+        `task_prefix` (the suite's instruction, "" when it has none) and `answer_instruction`
+        (what form the answer takes, from the suite's `answer_form`; "" for free text)."""
         choices = task.get("choices") or []
         letters = [chr(ord("A") + i) for i in range(len(choices))]
-        variables = dict(task.get("fields") or {})
+        variables: dict[str, Any] = {"task_prefix": ""}
+        variables.update(task.get("fields") or {})
         variables.update(input=task.get("input", ""), category=task.get("category", ""),
                          choices=choices, letters=", ".join(letters),
-                         choices_text="\n".join(f"{l}. {c}" for l, c in zip(letters, choices)))
+                         choices_text="\n".join(f"{l}. {c}" for l, c in zip(letters, choices)),
+                         answer_instruction=answer_instruction(task))
+        variables["task_prefix"] = str(variables["task_prefix"] or "").strip()
         return variables
+
+
+def _or_list(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def answer_instruction(task: dict[str, Any]) -> str:
+    """One sentence naming the answer's form, e.g. "Answer with a whole number." ("" for free text
+    or a task without a declared form)."""
+    form = (task.get("fields") or {}).get("answer_form") or {}
+    if isinstance(form, str):
+        form = {"kind": form}
+    kind, unit = form.get("kind", ""), form.get("unit", "")
+    choices = task.get("choices") or []
+    letters = [chr(ord("A") + i) for i in range(len(choices))]
+    unit_text = f" (in {unit})" if unit and unit not in ("$", "%") else f" ({unit})" if unit else ""
+    wanted = {
+        "yes_no": "Yes or No",
+        "true_false": "True or False",
+        "integer": "a whole number" + unit_text,
+        "decimal": "a number" + unit_text,
+        "list": ("a list in square brackets, such as [1, 2, 3]" if form.get("bracketed")
+                 else "the words, separated by single spaces"),
+        "json": "a JSON object",
+    }.get(kind)
+    if kind == "choice" and letters:
+        wanted = f"the letter of one option ({_or_list(letters)})"
+    elif kind == "choice" and form.get("labels"):
+        wanted = "one of: " + ", ".join(str(x) for x in form["labels"])
+    return f"Answer with {wanted}." if wanted else ""
 
 
 def load_solve(folder: Path) -> Callable[..., Any]:

@@ -23,6 +23,7 @@ import urllib.parse
 import urllib.request
 import tarfile
 import tempfile
+import time
 from pathlib import Path, PurePosixPath
 
 REQUIREMENT = "bigbench==1.0.0"
@@ -128,11 +129,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dest", type=Path, default=None, help="folder for the tasks (default: bigbench_dir())")
     parser.add_argument("--sdist", type=Path, default=None, help="use this bigbench-1.0.0.tar.gz instead of pip")
+    parser.add_argument("--no-catalogue", action="store_true",
+                        help="skip listing the tasks (size, answer forms) for `ecdysis suites`")
     args = parser.parse_args(argv)
     if args.sdist is not None and not args.sdist.is_file():
         parser.error(f"--sdist {args.sdist} is not a file")
-    fetch(args.dest or default_dest(), args.sdist)
+    dest = args.dest or default_dest()
+    fetch(dest, args.sdist)
+    if not args.no_catalogue:
+        build_catalogue(dest)
     return 0
+
+
+def build_catalogue(dest: Path) -> None:
+    """Load every task once and keep its row (size, scorer, answer forms) for `ecdysis suites`;
+    a later run only reloads tasks whose files changed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from ecdysis.suites import bigbench_catalogue
+
+    def progress(n: int, total: int, task: str) -> None:
+        print(f"cataloguing BIG-bench task {n}/{total}: {task}", flush=True)
+
+    started = time.perf_counter()
+    rows = bigbench_catalogue(dest, progress=progress)
+    failed = [r for r in rows if "error" in r]
+    print(f"BIG-bench catalogue: {len(rows) - len(failed)} tasks listed, {len(failed)} that do not load "
+          f"({time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,13 @@ def evidence(**overrides) -> ClusterEvidence:
     (evidence(batch_models=["a"], rates={"a": ModelRate(6, 6, 0, 0)}, failure_type="wrong_answer", recoverable=0.67),
      "harness-level", "only one model was run"),
     (evidence(failure_type="wrong_answer", recoverable=0.0), "harness-level", "Shared by 2 of 2 models"),
+    # Model-specific needs another model that passes: b failed the same instances another way
+    # (passed 0, failed 7 otherwise), so it cannot tell a's quirk from a harness fault.
+    (evidence(rates={"a": ModelRate(6, 6, 0, 0), "b": ModelRate(0, 6, 0, 6)}), "noise", "no other model passes"),
+    (evidence(rates={"a": ModelRate(6, 6, 0, 0), "b": ModelRate(0, 6, 2, 4)}), "noise", "passed 2 of the 6"),
+    # A reply cut at max_tokens is the harness's (the budget is its setting), even for one model.
+    (evidence(rates={"a": ModelRate(6, 6, 0, 0), "b": ModelRate(0, 6, 6, 0)}, failure_type="truncated"),
+     "harness-level", "the budget is a harness setting"),
 ])
 def test_verdict_policy_branches(ev: ClusterEvidence, verdict: str, needle: str) -> None:
     score, _ = SystematicityScore().score(ev)

@@ -266,3 +266,38 @@ def test_fetch_extracts_only_task_json_and_is_idempotent(tmp_path: Path, capsys:
     with pytest.raises(SystemExit):
         script.main(["--dest", str(tmp_path / "other"), "--sdist", str(tmp_path / "absent.tar.gz")])
     assert not (tmp_path / "other").exists()
+
+
+def _task(root: Path, name: str, examples: list[dict[str, Any]], **extra: Any) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "task.json").write_text(json.dumps({"name": name, "examples": examples, **extra}))
+    return folder / "task.json"
+
+
+def test_the_catalogue_lists_tasks_with_forms_and_reloads_only_changed_ones(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from ecdysis import suites as suites_mod
+    from ecdysis.suites import CATALOGUE_FILE, bigbench_catalogue, uncatalogued_tasks
+    root = tmp_path / "benchmark_tasks"
+    _task(root, "yesno", [{"input": f"q{i}", "target_scores": {"Yes": i % 2, "No": 1 - i % 2}} for i in range(6)],
+          preferred_score="multiple_choice_grade", task_prefix="Answer the question.\n")
+    counting = _task(root, "counting", [{"input": f"How many in {i}?", "target": [str(i), "x"]} for i in range(6)])
+    assert uncatalogued_tasks(root) == 2 and bigbench_catalogue(root, build=False) == []
+    loads: list[str] = []
+    real = suites_mod.load_bigbench
+    monkeypatch.setattr(suites_mod, "load_bigbench", lambda task, **kw: loads.append(task) or real(task, **kw))
+    seen: list[str] = []
+    rows = {r["name"]: r for r in bigbench_catalogue(root, progress=lambda n, total, task: seen.append(task))}
+    assert sorted(seen) == sorted(loads) == ["counting", "yesno"]
+    assert rows["bigbench:yesno"]["answer_forms"] == {"yesno": {"kind": "yes_no"}}
+    assert rows["bigbench:counting"]["answer_forms"] == {"counting": {"kind": "integer"}}
+    assert rows["bigbench:counting"]["size"] == 6 and rows["bigbench:yesno"]["source"] == "bigbench"
+    assert (tmp_path / CATALOGUE_FILE).stat().st_mode & 0o044  # readable by every user of the machine
+    # Unchanged files are not loaded again; a changed one is, and a broken one is listed with its error.
+    loads.clear()
+    assert len(bigbench_catalogue(root)) == 2 and loads == []
+    counting.write_text("{broken")
+    rows = {r["name"]: r for r in bigbench_catalogue(root)}
+    assert loads == ["counting"] and "not valid JSON" in rows["bigbench:counting"]["error"]
+    assert uncatalogued_tasks(root) == 0

@@ -150,7 +150,8 @@ def test_param_operators_change_the_calls(case: CaseFile) -> None:
 def test_all_operators_compose_and_report_presence(case: CaseFile) -> None:
     files = patched(*OPERATORS, case=case)
     assert all(op.present(files) for op in OPERATORS.values())
-    assert not any(op.present(starter_files()) for op in OPERATORS.values())
+    # The starter already asks the whole task (instruction, options, answer form); nothing else is in it.
+    assert [name for name, op in OPERATORS.items() if op.present(starter_files())] == ["whole_task_in_prompt"]
     answer, _ = solve(files, NUMBER, ["Here is my answer: 8"])
     assert answer == "8"
 

@@ -92,6 +92,13 @@ def investigate(case: CaseFile) -> dict[str, Any]:
         loc = f" at {frame[0]}:{frame[1]} in {frame[2]}()" if frame else ""
         cause = f"Harness execution fails ({c.type}){loc} on {n} instances: {c.failures[0].excerpt}"
         component = f"{frame[0]}:{frame[2]}" if frame else "harness.py:solve"
+    omitted = Counter(item for f in c.failures for item in f.detail.get("prompt_omits") or ())
+    if omitted:
+        what, count = omitted.most_common(1)[0]
+        cause += (f" The rendered prompt leaves out {what} in {_share(count, n)} failures, although the suite "
+                  f"states it: the model is never asked the whole task.")
+        if count * 2 >= n:
+            component = "user.md"
     stats = [f"{n} failures on {len(c.instances)} instances; categories {c.categories}; models {c.models}"]
     return {"root_cause": cause, "component": component, "evidence": stats + c.evidence[:3],
             "confidence": round(min(1.0, 0.5 + 0.5 * c.consistency * c.systematicity), 2)}

@@ -10,22 +10,28 @@ again, which is what a resumed run does.
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ecdysis.errors import NotFound
+from ecdysis.errors import ConfigError, InputError, NotFound
 from ecdysis.records import SPLITS, Suite
 from ecdysis.store import Store
 from ecdysis.suites.bigbench import PREFIX as BIGBENCH_PREFIX
 from ecdysis.suites.bigbench import bigbench_dir, bigbench_tasks, load_bigbench, load_task_file
 from ecdysis.suites.builtin import builtin_suite, builtin_suite_names
+from ecdysis.suites.forms import attach_forms, suite_forms
 from ecdysis.suites.jsonl import import_jsonl, load_jsonl
 from ecdysis.suites.scorers import resolve, score
 from ecdysis.suites.splits import assign_splits
 
-__all__ = ["assign_splits", "bigbench_dir", "bigbench_tasks", "builtin_suite_names", "describe_suites",
+__all__ = ["assign_splits", "bigbench_catalogue", "uncatalogued_tasks", "bigbench_dir", "bigbench_tasks", "builtin_suite_names",
+           "describe_suites",
            "import_jsonl", "load_jsonl", "load_suite", "score"]
 
 _FILE_SUFFIXES = (".jsonl", ".json")
@@ -41,14 +47,18 @@ def load_suite(name: str, *, store: Store | None = None, seed: int = 0) -> Suite
     with _cache_lock:
         cached = _file_cache.get(key) if stamp is not None else None
     if cached is None:
-        suite = _resolve(name, store)
-        cached = replace(suite, instances=assign_splits(suite.instances, seed=seed))
+        cached = _prepared(_resolve(name, store), seed)
         if stamp is not None:
             with _cache_lock:
                 _file_cache[key] = cached
                 while len(_file_cache) > _FILE_CACHE_SIZE:
                     _file_cache.pop(next(iter(_file_cache)))
     return replace(cached, instances=list(cached.instances))  # instances are frozen; the list is the caller's
+
+
+def _prepared(suite: Suite, seed: int = 0) -> Suite:
+    """The suite with splits assigned and each category's answer form attached."""
+    return replace(suite, instances=attach_forms(assign_splits(suite.instances, seed=seed), suite.scorer))
 
 
 _FILE_CACHE_SIZE = 8
@@ -68,14 +78,89 @@ def _file_stamp(name: str) -> tuple[str, int, int] | None:
     return (str(path), st.st_size, st.st_mtime_ns) if path.is_file() else None
 
 
-def describe_suites(store: Store | None = None) -> list[dict[str, Any]]:
-    """One row per built-in and stored suite: name, size, categories, scorer, source, description."""
+def describe_suites(store: Store | None = None, *, bigbench: bool = True) -> list[dict[str, Any]]:
+    """One row per built-in, stored and (with `bigbench`) fetched BIG-bench suite: name, size,
+    categories, scorer, answer forms, splits, source, description."""
     suites = [load_suite(n) for n in builtin_suite_names()]
     if store is not None:
         taken = set(builtin_suite_names())
-        suites += [replace(s, instances=assign_splits(s.instances)) for s in store.list_suites()
-                   if s.name not in taken]
-    return [_describe(s) for s in suites]
+        suites += [_prepared(s) for s in store.list_suites() if s.name not in taken]
+    rows = [_describe(s) for s in suites]
+    if bigbench:  # what the catalogue holds: building it takes minutes, so set-up does that
+        rows += [r for r in bigbench_catalogue(build=False) if "error" not in r]
+    return rows
+
+
+CATALOGUE_FILE = "ecdysis-catalogue.json"
+_CATALOGUE_VERSION = 2  # bump when a row changes meaning: every task is listed again
+
+
+def bigbench_catalogue(root: Path | None = None, *, build: bool = True,
+                       progress: Callable[[int, int, str], None] | None = None) -> list[dict[str, Any]]:
+    """One `describe_suites` row per top-level BIG-bench task under `root` (empty when none are
+    fetched). Loading all 167 tasks takes minutes (one holds 1.4 million examples), so rows are
+    kept in `ecdysis-catalogue.json` beside the task folder, each with the size and mtime of its
+    task files. With `build`, tasks whose files changed (or that are not listed yet) are loaded
+    and the file is rewritten; without it (the app, `ecdysis suites`), only listed rows whose files
+    are unchanged come back, at once. Set-up builds it; a task that does not load gets a row with
+    its `error`."""
+    root = root or bigbench_dir()
+    tasks = [t for t in bigbench_tasks(root) if "/" not in t]
+    if not tasks:
+        return []
+    path = root.parent / CATALOGUE_FILE
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        old = old.get("tasks", {}) if old.get("version") == _CATALOGUE_VERSION else {}
+    except (OSError, ValueError, AttributeError):
+        old = {}
+    entries: dict[str, dict[str, Any]] = {}
+    changed = False
+    for n, task in enumerate(tasks, 1):
+        stamp = _task_stamp(root, task)
+        entry = old.get(task)
+        if entry and entry.get("stamp") == stamp:
+            entries[task] = entry
+            continue
+        if not build:
+            continue
+        if progress:
+            progress(n, len(tasks), task)
+        try:
+            row = _describe(_prepared(load_bigbench(task, root=root, name=BIGBENCH_PREFIX + task)))
+        except (InputError, NotFound, ConfigError) as exc:
+            row = {"name": BIGBENCH_PREFIX + task, "error": str(exc)}
+        row["source"] = "bigbench"
+        row["description"] = " ".join(str(row.get("description", "")).split())[:300]
+        entries[task], changed = {"stamp": stamp, "row": row}, True
+    if build and (changed or set(old) != set(entries)):
+        _write_atomically(path, {"version": _CATALOGUE_VERSION, "tasks": entries})
+    return [e["row"] for e in entries.values()]
+
+
+def uncatalogued_tasks(root: Path | None = None) -> int:
+    """How many fetched BIG-bench tasks `bigbench_catalogue(build=False)` leaves out."""
+    root = root or bigbench_dir()
+    listed = {r["name"] for r in bigbench_catalogue(root, build=False)}
+    return sum(1 for t in bigbench_tasks(root) if "/" not in t and BIGBENCH_PREFIX + t not in listed)
+
+
+def _task_stamp(root: Path, task: str) -> list[list[Any]]:
+    files = [root / task / "task.json", *sorted((root / task).glob("*/task.json"))]
+    return [[f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns] for f in files for st in [f.stat()]]
+
+
+def _write_atomically(path: Path, data: Any) -> None:
+    """Write, then rename into place: a second process reading the catalogue sees the old or the new
+    file, never half of one. A read-only folder leaves the catalogue unsaved (rebuilt next time)."""
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".catalogue-", suffix=".tmp",
+                                         delete=False, encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.chmod(fh.name, 0o644)  # a temporary file is private; the catalogue is for every user
+        os.replace(fh.name, path)
+    except OSError:
+        pass
 
 
 def _describe(suite: Suite) -> dict[str, Any]:
@@ -85,6 +170,7 @@ def _describe(suite: Suite) -> dict[str, Any]:
         "categories": suite.categories,
         "scorer": suite.scorer.kind,
         "scorers": _scorer_per_category(suite),
+        "answer_forms": {c: f.to_json() for c, f in sorted(suite_forms(suite.instances).items())},
         "splits": {s: len(suite.split(s)) for s in SPLITS},
         "source": suite.source,
         "description": suite.description,

@@ -4,7 +4,7 @@
 Format, one JSON object per line (blank lines are skipped but still counted):
 
     {"ecdysis_suite": {"name": "my-suite", "scorer": {"kind": "numeric", "options": {"tol": 0.01}},
-                       "description": "..."}}          <- optional header, first line only
+                       "description": "...", "answer_form": "integer"}}   <- optional header, first line only
     {"id": "q1", "input": "2+2?", "target": "4", "category": "math", "split": "test",
      "choices": ["3", "4"], "fields": {"source": "..."}}
 
@@ -15,6 +15,9 @@ any model here takes, and it would be sent and stored whole. Integers have at mo
 `input` (string) and `target` (string, or a number, which is kept as its JSON text) are required;
 `id` defaults to `line-N` (N = line number). When `choices` are given the target must be one of
 them. Any other key is an error, so a typo cannot silently drop data: put extras under `fields`.
+`answer_form` (header, or a line's `fields`) declares the form of the answers: a kind from
+`forms.KINDS`, a form object (`{"kind": "choice", "labels": [...]}`), or in the header a map
+{category: form}; without it the form is inferred from the train split (see `forms`).
 Every line is also checked against the suite's scorer (a numeric target for `numeric`, choices for
 `multiple_choice`). Each problem raises `InputError` naming the file and the line.
 """
@@ -25,19 +28,20 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
 
 from ecdysis.errors import ConfigError, InputError
 from ecdysis.records import SPLITS, Instance, ScorerSpec, Suite
 from ecdysis.store import Store
-from ecdysis.suites import scorers
+from ecdysis.suites import forms, scorers
 from ecdysis.suites.builtin import builtin_suite_names
 
 HEADER_KEY = "ecdysis_suite"
 MAX_LINE_BYTES = 256 * 1024
 INSTANCE_KEYS = ("id", "input", "target", "choices", "category", "split", "fields")
-_HEADER_KEYS = ("name", "scorer", "description")
+_HEADER_KEYS = ("name", "scorer", "description", "answer_form")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -46,6 +50,7 @@ class _Header:
     name: str | None = None
     scorer: ScorerSpec | None = None
     description: str = ""
+    answer_form: Any = None  # a kind, a form object, or {category: either}
 
 
 def load_jsonl(path: str | Path, *, name: str | None = None, scorer: ScorerSpec | None = None) -> Suite:
@@ -72,8 +77,22 @@ def load_jsonl(path: str | Path, *, name: str | None = None, scorer: ScorerSpec 
     spec = scorers.check_spec(scorer or header.scorer or ScorerSpec("exact"))
     for inst in instances:
         _check_scorable(inst, spec, path, first_line[inst.id])
+    if header.answer_form is not None:
+        instances = [_with_form(inst, header.answer_form) for inst in instances]
     return Suite(name=name or header.name or path.stem, instances=instances, scorer=spec,
                  description=header.description, source=f"jsonl:{path.resolve()}")
+
+
+def _with_form(inst: Instance, declared: Any) -> Instance:
+    """The instance with the header's answer form, unless its own fields declare one."""
+    if forms.FIELD in inst.fields:
+        return inst
+    form = declared.get(inst.category) if _per_category(declared) else declared
+    return inst if form is None else dc_replace(inst, fields={**inst.fields, forms.FIELD: form})
+
+
+def _per_category(declared: Any) -> bool:
+    return isinstance(declared, dict) and "kind" not in declared
 
 
 def import_jsonl(path: str | Path, *, store: Store, name: str | None = None,
@@ -169,7 +188,15 @@ def _parse_header(obj: dict[str, Any], path: Path, lineno: int) -> _Header:
             raise InputError(exc.message, path=str(path), line=lineno, hint=exc.hint) from exc
         except (TypeError, AttributeError, ValueError) as exc:  # e.g. by_category "categories": [...]
             raise bad(f"the header's scorer is malformed ({type(exc).__name__}: {exc})") from exc
-    return _Header(name=body.get("name"), scorer=spec, description=body.get("description", ""))
+    declared = body.get("answer_form")
+    if declared is not None:
+        try:
+            for form in (declared.values() if _per_category(declared) else [declared]):
+                forms.AnswerForm.from_json(form)
+        except (ValueError, AttributeError) as exc:
+            raise bad(f"the header's answer_form is malformed: {exc}") from exc
+    return _Header(name=body.get("name"), scorer=spec, description=body.get("description", ""),
+                   answer_form=declared)
 
 
 def _parse_instance(obj: dict[str, Any], path: Path, lineno: int) -> Instance:
