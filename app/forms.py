@@ -23,6 +23,8 @@ ROLE_HELP = ("heuristic: deterministic, offline (failure taxonomy + repair opera
              "the roles offline (slow on 2 cores: minutes per cluster), or type a model name "
              "(e.g. openai:gpt-4o-mini) to let another LLM play them")
 ROLE_CHOICES = ["heuristic", "qwen2.5-coder-1.5b"]
+SUITE_HELP = ("Type to search: built-in suites, imported JSONL and every fetched BIG-bench task "
+              "(bigbench:TASK), each with its size and answer form")
 
 
 def _suite_select(suites: Sequence[dict[str, Any]], key: str, container: Any) -> str:
@@ -30,9 +32,10 @@ def _suite_select(suites: Sequence[dict[str, Any]], key: str, container: Any) ->
     sizes = {s["name"]: s for s in suites}
     default = names.index("reasoning-mix") if "reasoning-mix" in names else 0
     return container.selectbox(
-        "Suite", names, index=default, key=key,
+        "Suite", names, index=default, key=key, help=SUITE_HELP,
         format_func=lambda n: (f"{n} ({views.count(sizes[n]['size'], 'instance')}, "
-                               f"{views.count(len(sizes[n]['categories']), 'category', 'categories')})"))
+                               f"{views.count(len(sizes[n]['categories']), 'category', 'categories')}"
+                               f"{views.forms_text(sizes[n])})"))
 
 
 def _models(default_models: Sequence[str], key: str, container: Any) -> list[str]:

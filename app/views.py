@@ -33,6 +33,12 @@ def count(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
+def forms_text(suite_row: dict[str, Any]) -> str:
+    """', answers: integer, list' for a suite row of `describe_suites` ('' when it has none)."""
+    kinds = sorted({str(f.get("kind", "")) for f in (suite_row.get("answer_forms") or {}).values()} - {""})
+    return f", answers: {', '.join(kinds)}" if kinds else ""
+
+
 # ---------------------------------------------------------------- runs and jobs
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ def _harness_facts(files: dict[str, str]) -> dict[str, Any]:
     params = params_of(files)
     return {
         "first_line": "splitlines" in extractor and "ecd_find_answer" not in extractor,
+        "answer_line": '"answer"' in extractor.lower(),
         "format_instruction": any(w in prompts for w in ("first line", "only the", "answer with", "final answer")),
         "max_tokens": int(params.get("max_tokens", 0) or 0),
         "samples": int(params.get("samples", 1) or 1),
@@ -63,6 +64,7 @@ def investigate(case: CaseFile) -> dict[str, Any]:
     shapes = ", ".join(c.shapes)
     if c.type == "off_format":
         where = ("extract_answer in harness.py returns the reply's first non-empty line verbatim"
+                 + (" when the reply has no final \"Answer:\" line" if facts["answer_line"] else "")
                  if facts["first_line"] else "extract_answer in harness.py does not isolate the answer")
         prompt = "" if facts["format_instruction"] else "; the prompts never say what form the answer takes"
         cause = (f"{where}, but replies open with prose (“{_top_signature(c)}”); in {_share(found, n)} failures "

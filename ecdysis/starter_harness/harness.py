@@ -18,11 +18,14 @@ def build_messages(task, harness):
 
 
 def extract_answer(text, task):
-    """The first non-empty line of the reply."""
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
+    """What follows the reply's last "Answer:" line (the form the system prompt asks for), else
+    the reply's first non-empty line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        head, colon, rest = line.strip("*# ").partition(":")
+        if colon and head.strip("* ").lower() == "answer" and rest.strip("* "):
+            return rest.strip("* ")
+    return lines[0] if lines else ""
 
 
 def solve(task, model, harness):
