@@ -240,6 +240,12 @@ def _run_detail(svc: Service, run: RunRecord) -> None:
     st.caption(f"{len(results)} of {len(run.instance_ids)} instances finished · "
                f"{sum(1 for r in results if r.correct)} correct")
     results_table(results, key=f"results:{run.id}")
+    down_csv, down_json, _ = st.columns([1, 1, 3])
+    down_csv.download_button("Results as CSV", views.run_csv(results), file_name=f"ecdysis-run-{run.id}.csv",
+                             mime="text/csv", key=f"csv:{run.id}", icon=":material/table:")
+    down_json.download_button("Run as JSON", views.run_json(run, results), file_name=f"ecdysis-run-{run.id}.json",
+                              mime="application/json", key=f"json:{run.id}", icon=":material/data_object:",
+                              help="the run, its summary and every instance with each model call")
     left, right = st.columns([3, 2], vertical_alignment="bottom")
     ordered = sorted(results, key=lambda r: (r.correct, r.instance_id))
     labels = {r.instance_id: f"{r.instance_id} · {'correct' if r.correct else r.error_type or 'wrong'}"

@@ -39,6 +39,62 @@ def forms_text(suite_row: dict[str, Any]) -> str:
     return f", answers: {', '.join(kinds)}" if kinds else ""
 
 
+# ---------------------------------------------------------------- exports
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> str:
+    """A value as a CSV cell a spreadsheet shows as text: model replies and answers are untrusted,
+    and a cell starting with =, +, -, @ would run as a formula when the file is opened."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+def to_csv(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    import csv
+    import io
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow([csv_cell(v) for v in row])
+    return buffer.getvalue()
+
+
+RESULT_COLUMNS = ("instance_id", "category", "model", "correct", "answer", "target", "error_type",
+                  "model_calls", "prompt_tokens", "completion_tokens", "wall_seconds")
+
+
+def run_csv(results: Sequence[Any]) -> str:
+    """One row per instance of a run."""
+    return to_csv(RESULT_COLUMNS, ([r.instance_id, r.category, r.model, r.correct, r.answer, r.target,
+                                    r.error_type or "", len(r.calls), r.prompt_tokens, r.completion_tokens,
+                                    round(r.wall_seconds, 3)] for r in results))
+
+
+def run_json(run: Any, results: Sequence[Any]) -> str:
+    """The run, its summary and every instance with its whole trajectory (each model call)."""
+    import json
+    from dataclasses import asdict
+    body = {"run": asdict(run), "results": [asdict(r) for r in results]}
+    return json.dumps(body, ensure_ascii=False, indent=1, default=str)
+
+
+CLUSTER_COLUMNS = ("cluster", "type", "verdict", "failures", "instances", "categories", "models",
+                   "systematicity", "label", "reason")
+
+
+def diagnosis_csv(report: Mapping[str, Any]) -> str:
+    """One row per cluster of a diagnosis report."""
+    rows = []
+    for c in report.get("clusters") or []:
+        rows.append([c.get("id"), c.get("type"), c.get("verdict"), c.get("size", len(c.get("members") or [])),
+                     len(c.get("instances") or []), " ".join(c.get("categories") or []),
+                     " ".join(c.get("models") or []), c.get("systematicity"), c.get("label"), c.get("reason")])
+    return to_csv(CLUSTER_COLUMNS, rows)
+
+
 # ---------------------------------------------------------------- runs and jobs
 
 @dataclass(frozen=True)

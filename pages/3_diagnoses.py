@@ -1,9 +1,12 @@
 """Diagnoses: for each cluster of a diagnosis, the Investigator, Attributor, Proposer and Critic
 conversation round by round, with the verdict and the final modification specification."""
 
+import json
+
 import streamlit as st
 
 from app import clusters_ui as cv
+from app import views
 from app import components as ui
 from app.guard import shown_errors
 from app.state import service
@@ -24,6 +27,14 @@ with shown_errors():
         diagnosis = cv.pick_diagnosis(diagnoses, key="diagnoses:diagnosis")
         if diagnosis is not None:
             st.caption(ui.md(f"roles: {cv.role_backend_text(str(diagnosis.report.get('role_backend', '')))}"))
+            down_csv, down_json, _ = st.columns([1, 1, 3])
+            down_csv.download_button("Clusters as CSV", views.diagnosis_csv(diagnosis.report),
+                                     file_name=f"ecdysis-diagnosis-{diagnosis.id}.csv", mime="text/csv",
+                                     icon=":material/table:")
+            down_json.download_button("Diagnosis as JSON", json.dumps(diagnosis.report, ensure_ascii=False, indent=1),
+                                      file_name=f"ecdysis-diagnosis-{diagnosis.id}.json", mime="application/json",
+                                      icon=":material/data_object:",
+                                      help="every cluster with its failures, verdict, role transcript and proposal")
             if not diagnosis.report.get("clusters"):
                 ui.empty_state("No failures, so nothing to diagnose.", icon=":material/celebration:")
             cv.conversation(diagnosis.report)

@@ -755,3 +755,25 @@ def test_an_evolution_executed_elsewhere_says_so_and_offers_no_resume(svc: Servi
     at = open_page("5_evolution")
     assert "running elsewhere (held by pid 4242 on build-7 (evolve) #c0ffee)" in texts(at)
     assert not [b for b in at.button if b.key == f"resume:{evo.id}"]
+
+
+def test_exports_are_complete_and_inert_in_a_spreadsheet(world: World, svc: Service) -> None:
+    """A run's CSV has one row per instance and its JSON every model call; a diagnosis's CSV one
+    row per cluster. Model text that starts like a formula is quoted so a spreadsheet shows it."""
+    import csv
+    import io
+    import json as json_mod
+    from dataclasses import replace as dc_replace
+    run = svc.get_run(world.run_ids[0])
+    results = svc.results(run.id)
+    rows = list(csv.reader(io.StringIO(views.run_csv(results))))
+    assert rows[0] == list(views.RESULT_COLUMNS) and len(rows) == len(results) + 1
+    body = json_mod.loads(views.run_json(run, results))
+    assert body["run"]["id"] == run.id and len(body["results"]) == len(results)
+    assert sum(len(r["calls"]) for r in body["results"]) == sum(len(r.calls) for r in results)
+    hostile = [dc_replace(results[0], answer="=HYPERLINK(\"http://x\")", target="-2")]
+    row = list(csv.reader(io.StringIO(views.run_csv(hostile))))[1]
+    assert row[4] == "'=HYPERLINK(\"http://x\")" and row[5] == "'-2"
+    report = next(d for d in svc.diagnoses() if d.id == world.diagnosis_id).report
+    clusters = list(csv.reader(io.StringIO(views.diagnosis_csv(report))))
+    assert clusters[0] == list(views.CLUSTER_COLUMNS) and len(clusters) == len(report["clusters"]) + 1
