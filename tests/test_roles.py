@@ -137,6 +137,20 @@ def test_few_shot_puts_exemplars_of_the_same_form_first(case: CaseFile) -> None:
     assert "Options:" in requests[0]["messages"][1]["content"]  # rendered with the user template
 
 
+def test_few_shot_balances_the_answers_and_never_quotes_the_task_itself(case: CaseFile) -> None:
+    """Exemplars take turns among a category's answers (one of each label before a second of any),
+    and the question being asked is never among its own examples."""
+    yes = [Exemplar(f"s/y{i}", f"y{i}", "yn", f"Is {i} odd?{' ' * i}", None, "Yes") for i in range(4)]
+    no = [Exemplar(f"s/n{i}", f"n{i}", "yn", f"Is {i} even, really?{' ' * i}", None, "No") for i in range(4)]
+    picked = OPERATORS["few_shot"].pick(yes + no)
+    assert sorted(e.answer for e in picked) == ["No", "Yes"]
+    files = OPERATORS["few_shot"].apply(RepairInput(starter_files(), case.cluster, EXEMPLARS)).files
+    same_task = dict(NUMBER, input=EXEMPLARS[0].input)
+    _, requests = solve(files, same_task, ["5"])
+    assert all(m["content"] != "5" for m in requests[0]["messages"] if m["role"] == "assistant")
+    assert sum(EXEMPLARS[0].input in m["content"] for m in requests[0]["messages"]) == 1
+
+
 def test_param_operators_change_the_calls(case: CaseFile) -> None:
     _, voting = solve(patched("self_consistency", case=case), NUMBER, ["8"])
     assert len(voting) == 5 and voting[0]["temperature"] == 0.7

@@ -542,13 +542,21 @@ class FewShotExemplars(_CodeOperator):
         return None
 
     def pick(self, exemplars: Sequence[Exemplar]) -> list[Exemplar]:
-        """Short exemplars, at most `per_category` per category: they show the form, not the content."""
-        chosen: list[Exemplar] = []
-        per: dict[str, int] = {}
+        """Short exemplars, at most `per_category` per category, spread over the answers: a
+        category's picks take turns among its distinct answers (shortest first within each), so
+        a yes/no task is shown a Yes and a No, never two of one label for the model to copy."""
+        by_category: dict[str, dict[str, list[Exemplar]]] = {}
         for ex in sorted(exemplars, key=lambda e: (len(e.input), e.key)):
-            if per.get(ex.category, 0) < self.per_category and len(chosen) < self.max_total:
-                chosen.append(ex)
-                per[ex.category] = per.get(ex.category, 0) + 1
+            by_category.setdefault(ex.category, {}).setdefault(ex.answer.strip().casefold(), []).append(ex)
+        chosen: list[Exemplar] = []
+        for category in sorted(by_category):
+            queues = sorted(by_category[category].values(), key=lambda q: (len(q[0].input), q[0].key))
+            taken = 0
+            while taken < self.per_category and any(queues) and len(chosen) < self.max_total:
+                for queue in queues:
+                    if queue and taken < self.per_category and len(chosen) < self.max_total:
+                        chosen.append(queue.pop(0))
+                        taken += 1
         return sorted(chosen, key=lambda e: (e.category, e.key))
 
     def apply(self, inp: RepairInput) -> RepairResult:
@@ -567,6 +575,8 @@ def _ecd_shots(task, harness):
     for example in examples:
         example["task"] = {"input": example["input"], "choices": example.get("choices"),
                            "category": "", "fields": {}}
+    # Never the question being asked: an exemplar that is this very task would hand over its answer.
+    examples = [e for e in examples if e["input"] != task.get("input")]
     same = [e for e in examples if ecd_answer_shape(e["task"]) == ecd_answer_shape(task)]
     return (same or examples)[: int(harness.params.get("few_shot_k", 3))]
 
