@@ -259,8 +259,11 @@ def test_fetch_extracts_only_task_json_and_is_idempotent(tmp_path: Path, capsys:
     assert script.main(["--dest", str(dest), "--sdist", str(sdist)]) == 0
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert written == ["bigbench-1.0.0.tar.gz", "cache/benchmark_tasks/alpha/task.json",
-                       "cache/benchmark_tasks/beta/sub/task.json"]
-    assert "extracted 2 task.json files" in capsys.readouterr().out
+                       "cache/benchmark_tasks/beta/sub/task.json", "cache/ecdysis-catalogue.json"]
+    out = capsys.readouterr().out
+    assert "extracted 2 task.json files" in out
+    # then every task is catalogued once (these fakes hold no examples, so each is listed with its error)
+    assert "cataloguing BIG-bench task 1/1: alpha" in out and "1 that do not load" in out
     assert script.fetch(dest, None) == 0  # already there: returns before any download
     assert "nothing to do" in capsys.readouterr().out
     with pytest.raises(SystemExit):

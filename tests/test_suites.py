@@ -309,7 +309,7 @@ def test_unknown_names_raise_not_found_with_what_exists() -> None:
 
 
 def test_describe_lists_builtins_and_stored_suites(tmp_path: Path, suite_store: Any) -> None:
-    rows = {r["name"]: r for r in describe_suites()}
+    rows = {r["name"]: r for r in describe_suites(bigbench=False)}
     assert set(rows) == set(builtin_suite_names())
     mix = rows["reasoning-mix"]
     assert mix["size"] == 300 and mix["categories"]["dates"] == 60
@@ -317,8 +317,9 @@ def test_describe_lists_builtins_and_stored_suites(tmp_path: Path, suite_store: 
     assert mix["source"] == "builtin" and mix["description"]
     path = write(tmp_path / "mine.jsonl", [{"input": "1+1", "target": "2"}, {"input": "2+2", "target": "4"}])
     import_jsonl(path, store=suite_store)
-    stored = {r["name"]: r for r in describe_suites(store=suite_store)}["mine"]
+    stored = {r["name"]: r for r in describe_suites(store=suite_store, bigbench=False)}["mine"]
     assert stored["size"] == 2 and stored["scorer"] == "exact" and stored["source"].startswith("jsonl:")
+    assert stored["answer_forms"] == {"default": {"kind": "integer"}}
 
 
 # ---------------------------------------------------------------- JSONL
