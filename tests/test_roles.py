@@ -4,6 +4,7 @@ apply all-or-nothing, and the LLM backend survives malformed output (repair, the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -252,3 +253,28 @@ def test_make_role_backend_resolves_names() -> None:
     scripted = ScriptedBackend(model_id="scripted-roles", default="{}")
     backend = make_role_backend("scripted-roles", backend_factory=lambda name: scripted)
     assert backend.name == "llm:scripted-roles"
+
+
+def test_a_long_harness_reaches_the_llm_roles_as_an_outline_with_the_code_in_force(case: CaseFile) -> None:
+    """After several code operators, harness.py is longer than a role prompt's share; the roles see
+    every definition's line and the whole of the definitions in force (never a file cut mid-way),
+    quoted exactly, so a find/replace edit on them applies; the Proposer's reply budget grows with
+    the file so a whole-file rewrite fits."""
+    from ecdysis.roles.llm import REPLY_CEILING, _files_text
+    from ecdysis.roles.operators import materialize
+    files = patched("answer_extraction", "retry_unparsable", "choice_matching", case=case)
+    code = files["harness.py"]
+    assert len(code) > 6000
+    shown = _files_text({"harness.py": code}, 6000).split("=== harness.py ===\n", 1)[1]
+    assert "(outline" in shown and "…(clipped)" not in shown
+    last_solve = code[code.rindex("def solve("):].split("\n\n\n")[0]
+    assert last_solve in shown  # the solve in force, whole
+    outline = shown.split("(in force", 1)[0]
+    assert code.count("\ndef extract_answer(") == outline.count(": def extract_answer(")  # every definition listed
+    edit = {"edits": [{"path": "harness.py", "find": last_solve, "replace": last_solve + "\n# reviewed"}],
+            "spec": {"target_files": ["harness.py"], "change": "c", "root_cause": "r", "expected_effect": "e",
+                     "risk": "k", "scope": "s"}}
+    assert "# reviewed" in materialize(edit, dataclasses.replace(case, files=files)).files["harness.py"]
+    roles = LLMRoleBackend(ScriptedBackend([], model_id="roles-budget"), max_tokens=1024)
+    assert roles._budget("critic", dataclasses.replace(case, files=files)) == 1024
+    assert 1024 < roles._budget("proposer", dataclasses.replace(case, files=files)) <= REPLY_CEILING

@@ -12,6 +12,7 @@ role. The transcript records it all, each message labelled with the backend that
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -25,7 +26,8 @@ from ecdysis.roles.heuristic import HeuristicRoleBackend
 from ecdysis.roles.operators import OPERATORS, ProposalError, materialize
 from ecdysis.store import Store
 
-FILE_CHARS = 6000  # per harness file in a prompt: enough for the starter and a few operators
+FILE_CHARS = 6000  # per harness file in a prompt; a longer harness.py is shown as an outline (`_outline`)
+REPLY_CEILING = 3072  # the most reply tokens a Proposer gets for a whole-file edit
 
 
 def extract_json(text: str) -> Any | None:
@@ -101,13 +103,40 @@ def _history_text(case: CaseFile) -> str:
     return "\n".join(lines)
 
 
+IN_FORCE = ("solve", "build_messages", "extract_answer")  # the harness functions that decide an answer
+
+
 def _files_text(files: dict[str, str], limit: int) -> str:
     parts = []
     for path in sorted(files):
         text = files[path]
-        clipped = text if len(text) <= limit else text[:limit] + "\n…(clipped)"
-        parts.append(f"=== {path} ===\n{clipped}")
+        shown = text if len(text) <= limit else _outline(text, limit) if path.endswith(".py") else (
+            text[:limit] + f"\n…({len(text) - limit} more characters not shown)")
+        parts.append(f"=== {path} ===\n{shown}")
     return "\n".join(parts)
+
+
+def _outline(code: str, limit: int) -> str:
+    """A Python file too long to show whole: every top-level line that opens a definition or an
+    operator block, with its line number, then the whole source of the definitions in force (the
+    last `def solve`, `build_messages`, `extract_answer`), so an edit can quote them exactly."""
+    lines = code.splitlines()
+    heads = [f"{n:4d}: {line}" for n, line in enumerate(lines, 1)
+             if re.match(r"(def |class |# --- ecdysis|_ecd_before_\w+ = )", line)]
+    out = ["(outline: the file has " + str(len(lines)) + " lines; definitions and operator blocks:)", *heads]
+    budget = max(0, limit - sum(len(h) + 1 for h in out))
+    for name in IN_FORCE:
+        starts = [n for n, line in enumerate(lines) if line.startswith(f"def {name}(")]
+        if not starts:
+            continue
+        end = next((n for n in range(starts[-1] + 1, len(lines)) if lines[n] and not lines[n][0].isspace()),
+                   len(lines))
+        block = "\n".join(lines[starts[-1]:end]).rstrip()
+        if len(block) + 40 > budget:
+            break
+        out += [f"(in force, lines {starts[-1] + 1}-{end}:)", block]
+        budget -= len(block) + 40
+    return "\n".join(out)
 
 
 @dataclass(frozen=True)
@@ -211,7 +240,7 @@ class LLMRoleBackend:
         for attempt in range(2):
             try:
                 schema = generation_schema(role) if self.structured else None
-                reply = self.gateway.complete(CompletionRequest.make(messages, max_tokens=self.max_tokens,
+                reply = self.gateway.complete(CompletionRequest.make(messages, max_tokens=self._budget(role, case),
                                                                      json_schema=schema))
             except ModelError as exc:
                 errors = [f"model call failed: {exc}"]
@@ -227,6 +256,14 @@ class LLMRoleBackend:
                                        {"role": "user", "content": repair}]
                 log.append(self._msg(round, role, "repair", repair))
         return self._fall_back(role, case, round, log, errors)
+
+    def _budget(self, role: RoleName, case: CaseFile) -> int:
+        """Reply tokens: the Proposer may rewrite a whole file, so its budget grows with the largest
+        file it sees (about 3 characters a token) up to REPLY_CEILING; other roles get max_tokens."""
+        if role != "proposer":
+            return self.max_tokens
+        largest = max((len(t) for t in case.files.values()), default=0)
+        return max(self.max_tokens, min(REPLY_CEILING, largest // 3 + 256))
 
     @staticmethod
     def _repair_request(errors: Sequence[str]) -> str:
