@@ -149,8 +149,22 @@ def run_table(svc: Service, runs: Sequence[RunRecord], *, key: str) -> None:
     })
 
 
-def results_table(results: Sequence[InstanceResult], *, key: str) -> None:
-    st.dataframe([views.result_row(r) for r in results], key=key, hide_index=True, width="stretch")
+def results_table(results: Sequence[InstanceResult], *, key: str) -> str | None:
+    """The results with filters (outcome, category, text search over answers, targets and replies);
+    a click on a row returns that instance's id, for its trajectory."""
+    outcome_col, category_col, search_col = st.columns([1, 2, 2])
+    outcome = outcome_col.segmented_control("Show", ["all", "failed", "correct"], default="all",
+                                            key=f"{key}:outcome") or "all"
+    categories = category_col.multiselect("Categories", sorted({r.category for r in results}),
+                                          key=f"{key}:categories", placeholder="all categories")
+    text = search_col.text_input("Search", key=f"{key}:search", placeholder="id, answer, target or reply text")
+    shown = views.filter_results(results, outcome=outcome, categories=categories, text=text)
+    if len(shown) < len(results):
+        st.caption(f"{len(shown)} of {len(results)} instances match")
+    event = st.dataframe([views.result_row(r) for r in shown], key=key, hide_index=True, width="stretch",
+                         on_select="rerun", selection_mode="single-row")
+    rows = list(getattr(getattr(event, "selection", None), "rows", None) or [])
+    return shown[rows[0]].instance_id if rows and rows[0] < len(shown) else None
 
 
 def _clip(text: str | None, limit: int) -> str:
@@ -175,8 +189,10 @@ def trajectory(result: InstanceResult) -> None:
     a, t, c = st.columns(3)
     a.markdown(f"answer  \n{code(_clip(result.answer, 240)) if result.answer is not None else '—'}")
     t.markdown(f"target  \n{code(result.target)}")
+    generating = sum(c.latency_s for c in result.calls if not c.cache_hit)
     c.markdown(f"cost  \n{len(result.calls)} call(s), {result.prompt_tokens}+{result.completion_tokens} tokens, "
-               f"{result.wall_seconds:.2f} s")
+               f"{result.wall_seconds:.2f} s in all, {generating:.2f} s of it generating",
+               help="the rest is waiting for the model (other jobs share it), the sandbox and the harness's own code")
     if result.error_type:
         st.error(f"{md(result.error_type)}: {md(result.error_message or '')}", icon=":material/bug_report:")
     if result.stdout_tail:
@@ -189,7 +205,8 @@ def trajectory(result: InstanceResult) -> None:
             cache = " · cache hit" if call.cache_hit else ""
             tokens = f"{call.prompt_tokens}+{call.completion_tokens} tokens"
             st.caption(f"call {call.seq + 1} · {md(call.model)} · {tokens} · "
-                       f"{call.latency_s:.2f} s · finish: {md(call.finish_reason)}{cache}")
+                       f"{call.latency_s:.2f} s {'to read the cache' if call.cache_hit else 'generating'} · "
+                       f"finish: {md(call.finish_reason)}{cache}")
             for m in call.request.get("messages", []):
                 _message(str(m.get("role", "user")), str(m.get("content", "")))
             _message("assistant", call.text)
@@ -239,7 +256,7 @@ def _run_detail(svc: Service, run: RunRecord) -> None:
         return
     st.caption(f"{len(results)} of {len(run.instance_ids)} instances finished · "
                f"{sum(1 for r in results if r.correct)} correct")
-    results_table(results, key=f"results:{run.id}")
+    clicked = results_table(results, key=f"results:{run.id}")
     down_csv, down_json, _ = st.columns([1, 1, 3])
     down_csv.download_button("Results as CSV", views.run_csv(results), file_name=f"ecdysis-run-{run.id}.csv",
                              mime="text/csv", key=f"csv:{run.id}", icon=":material/table:")
@@ -250,8 +267,11 @@ def _run_detail(svc: Service, run: RunRecord) -> None:
     ordered = sorted(results, key=lambda r: (r.correct, r.instance_id))
     labels = {r.instance_id: f"{r.instance_id} · {'correct' if r.correct else r.error_type or 'wrong'}"
               for r in ordered}
+    if clicked:
+        remember(f"pick:traj:{run.id}", clicked)  # a row click opens that instance's trajectory below
     with left:
-        chosen = pick("Trajectory of instance", [r.instance_id for r in ordered], labels, key=f"traj:{run.id}")
+        chosen = pick("Trajectory of instance", [r.instance_id for r in ordered], labels, key=f"traj:{run.id}",
+                      help="or click a row of the table")
     with right:
         if st.button("Diagnose this run's failures", key=f"diagnose:{run.id}", icon=":material/hub:",
                      disabled=run.status != "done"):

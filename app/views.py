@@ -198,6 +198,24 @@ def result_row(r: InstanceResult) -> dict[str, Any]:
             "tokens": r.prompt_tokens + r.completion_tokens, "seconds": round(r.wall_seconds, 2)}
 
 
+def filter_results(results: Sequence[InstanceResult], *, outcome: str = "all", categories: Sequence[str] = (),
+                   text: str = "") -> list[InstanceResult]:
+    """The results a reader asked for: outcome all | correct | failed, the chosen categories (all
+    when none), and `text` (case-insensitive) in the instance id, the answer, the target or a reply."""
+    wanted = text.strip().casefold()
+    out = []
+    for r in results:
+        if outcome == "correct" and not r.correct or outcome == "failed" and r.correct:
+            continue
+        if categories and r.category not in categories:
+            continue
+        if wanted and not any(wanted in str(v or "").casefold()
+                              for v in (r.instance_id, r.answer, r.target, *(c.text for c in r.calls))):
+            continue
+        out.append(r)
+    return out
+
+
 # ---------------------------------------------------------------- diagnoses
 
 def diagnosis_label(rec: DiagnosisRecord) -> str:

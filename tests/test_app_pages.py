@@ -777,3 +777,16 @@ def test_exports_are_complete_and_inert_in_a_spreadsheet(world: World, svc: Serv
     report = next(d for d in svc.diagnoses() if d.id == world.diagnosis_id).report
     clusters = list(csv.reader(io.StringIO(views.diagnosis_csv(report))))
     assert clusters[0] == list(views.CLUSTER_COLUMNS) and len(clusters) == len(report["clusters"]) + 1
+
+
+def test_results_filter_by_outcome_category_and_text(world: World, svc: Service) -> None:
+    results = svc.results(world.run_ids[0])
+    failed = views.filter_results(results, outcome="failed")
+    assert failed and all(not r.correct for r in failed)
+    assert len(failed) + len(views.filter_results(results, outcome="correct")) == len(results)
+    one = results[0].category
+    assert {r.category for r in views.filter_results(results, categories=[one])} == {one}
+    needle = results[0].calls[0].text.split()[0] if results[0].calls else results[0].instance_id
+    found = views.filter_results(results, text=needle.upper())  # case-insensitive, replies included
+    assert results[0] in found
+    assert views.filter_results(results, text="no reply says this \u2603") == []
