@@ -392,6 +392,19 @@ def import_cmd(archive: str = typer.Argument(..., help="a harness zip exported b
     out.print(f"imported harness version {v.id}")
 
 
+@app.command("import-suite")
+def import_suite_cmd(path: str = typer.Argument(..., help="a JSONL suite file"),
+                     name: Optional[str] = typer.Option(None, help="store it under this name (default: the header's, "
+                                                                   "else the file name)"),
+                     replace: bool = typer.Option(False, "--replace", help="replace a stored suite of this name")) -> None:
+    """Check every line of a JSONL suite, then store it under a name for run, evolve and the app."""
+    from pathlib import Path
+    from ecdysis.suites import import_jsonl
+    suite = import_jsonl(Path(path), store=_service().store, name=name, replace=replace)
+    out.print(f"stored suite {escape(suite.name)}: {len(suite.instances)} instances, "
+              f"{len(suite.categories)} categories")
+
+
 @app.command()
 def settings() -> None:
     """Show the effective configuration (keys masked)."""

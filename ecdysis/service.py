@@ -237,6 +237,26 @@ class Service(ReviewAPI):
     def suite(self, name: str) -> Suite:
         return load_suite(name, store=self.store)
 
+    def import_suite(self, data: bytes, *, name: str, filename: str = "upload.jsonl",
+                     replace: bool = False) -> Suite:
+        """Store the JSONL suite in `data` under `name` (every line checked first; nothing is stored
+        when one is bad). Refused in one `InputError` that names `filename` and the line."""
+        import tempfile
+        from pathlib import Path
+        from ecdysis.suites import import_jsonl
+        from ecdysis.suites.jsonl import MAX_FILE_BYTES
+        if len(data) > MAX_FILE_BYTES:
+            raise InputError(f"the file is {len(data) / 2**20:.1f} MB; a suite file may hold at most "
+                             f"{MAX_FILE_BYTES // 2**20} MB", path=filename, hint="split it into several suites")
+        with tempfile.TemporaryDirectory(prefix="ecdysis-suite-") as tmp:
+            path = Path(tmp) / "upload.jsonl"
+            path.write_bytes(data)
+            try:
+                return import_jsonl(path, store=self.store, name=name, replace=replace)
+            except InputError as exc:  # the temporary path means nothing to the user: name the upload
+                message = exc.message.split(": ", 1)[1] if exc.path and exc.message.startswith(exc.path) else exc.message
+                raise InputError(message, path=filename, line=exc.line, hint=exc.hint) from None
+
     # ---- harnesses
     def harness(self, ref: str | None) -> HarnessVersion:
         return harness_mod.resolve(self.store, ref)

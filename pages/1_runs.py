@@ -4,7 +4,7 @@ background worker, watch it, resume unfinished runs, and browse results down to 
 import streamlit as st
 
 from app import components as ui
-from app import compare_ui, forms, views
+from app import compare_ui, forms, suite_import, views
 from app.guard import shown_errors
 from app.state import remember, service
 
@@ -20,6 +20,10 @@ with shown_errors():
             with st.spinner("Checking the model and creating the run…"):
                 started = [svc.start_run_job(r) for r in requests]
             st.toast(f"Started {len(started)} batch(es)", icon=":material/play_arrow:")
+
+with shown_errors():
+    with st.expander("Import a JSONL suite", icon=":material/upload_file:"):
+        suite_import.upload(svc)
 
 with shown_errors():
     ui.job_panel(svc, ["run"], key="runs")

@@ -790,3 +790,10 @@ def test_results_filter_by_outcome_category_and_text(world: World, svc: Service)
     found = views.filter_results(results, text=needle.upper())  # case-insensitive, replies included
     assert results[0] in found
     assert views.filter_results(results, text="no reply says this \u2603") == []
+
+
+def test_the_runs_page_offers_a_jsonl_import_with_a_usable_default_name(world: World) -> None:
+    from app.suite_import import default_name
+    at = open_page("1_runs")
+    assert any(e.label == "Import a JSONL suite" for e in at.expander)
+    assert default_name("My Suite (2).jsonl") == "My-Suite-2" and default_name("???.JSONL") == "my-suite"

@@ -32,6 +32,26 @@ def test_suites_json_lists_builtins_with_sizes_and_categories() -> None:
     assert len(mix["categories"]) >= 5
 
 
+def test_suites_lists_bigbench_with_answer_forms_and_imports_a_jsonl_suite(tmp_path: Path) -> None:
+    """The catalogue built at set-up lists the BIG-bench tasks (size and answer form); a JSONL file
+    is checked and stored by import-suite, then listed with the form inferred from its targets."""
+    env = {"ECDYSIS_HOME": str(tmp_path / "home")}
+    rows = {r["name"]: r for r in json.loads(ecdysis("suites", "--json", "--source", "bigbench", env_extra=env).stdout)}
+    assert rows["bigbench:navigate"]["answer_forms"] == {"navigate": {"kind": "true_false"}}
+    assert rows["bigbench:object_counting"]["size"] == 1000 and len(rows) >= 160
+    good = tmp_path / "yes-no.jsonl"
+    good.write_text("".join(json.dumps({"input": f"Is {i} even?", "target": "Yes" if i % 2 == 0 else "No"}) + "\n"
+                            for i in range(8)))
+    proc = ecdysis("import-suite", str(good), "--name", "parity", env_extra=env)
+    assert proc.returncode == 0 and "stored suite parity: 8 instances" in proc.stdout, proc.stderr
+    listed = json.loads(ecdysis("suites", "--json", "--match", "parity", env_extra=env).stdout)
+    assert [r["answer_forms"] for r in listed] == [{"default": {"kind": "yes_no"}}]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input": "a", "target": "b"}\n{"input": "c"}\n')
+    proc = ecdysis("import-suite", str(bad), env_extra=env)
+    assert proc.returncode == 2 and "bad.jsonl:2: missing 'target'" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("args, needle", [
     (["run", "--suite", "boolean", "--model", "nonsense-model"], "unknown model"),
     (["run", "--suite", "boolean", "--model", "openai:gpt-4o-mini"], "OPENAI_API_KEY"),

@@ -446,3 +446,24 @@ def test_import_refuses_builtin_names_and_silent_replacement(tmp_path: Path, sui
     smaller = write(tmp_path / "one.jsonl", [{"input": "q", "target": "a"}])
     import_jsonl(smaller, store=suite_store, name="capitals", replace=True)
     assert len(load_suite("capitals", store=suite_store).instances) == 1
+
+
+def test_an_uploaded_suite_is_capped_checked_and_refused_naming_the_upload(tmp_path: Path, suite_store: Any,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from ecdysis.service import Service
+    from ecdysis.suites import jsonl as jsonl_mod
+    svc = Service(suite_store)
+    good = b'{"input": "1+1", "target": "2"}\n{"input": "2+2", "target": "4"}\n'
+    assert len(svc.import_suite(good, name="sums", filename="sums.jsonl").instances) == 2
+    with pytest.raises(InputError, match=r"^mine\.jsonl:2: missing 'target'"):
+        svc.import_suite(good.splitlines()[0] + b'\n{"input": "x"}\n', name="other", filename="mine.jsonl")
+    assert suite_store.get_suite("other") is None  # nothing stored from a bad file
+    with pytest.raises(InputError, match="already stored"):
+        svc.import_suite(good, name="sums", filename="sums.jsonl")
+    monkeypatch.setattr(jsonl_mod, "MAX_FILE_BYTES", 40)
+    with pytest.raises(InputError, match=r"big\.jsonl: the file is 0\.0 MB; a suite file may hold at most 0 MB"):
+        svc.import_suite(good, name="big", filename="big.jsonl")
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(good)
+    with pytest.raises(InputError, match="a suite file may hold at most"):
+        load_jsonl(path)

@@ -40,6 +40,7 @@ from ecdysis.suites.builtin import builtin_suite_names
 
 HEADER_KEY = "ecdysis_suite"
 MAX_LINE_BYTES = 256 * 1024
+MAX_FILE_BYTES = 64 * 1024 * 1024  # a suite file bigger than this is refused before it is read
 INSTANCE_KEYS = ("id", "input", "target", "choices", "category", "split", "fields")
 _HEADER_KEYS = ("name", "scorer", "description", "answer_form")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -123,6 +124,16 @@ def check_suite_name(name: str, *, path: str | None = None) -> None:
 # ---------------------------------------------------------------- reading
 
 def _objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError as exc:
+        raise InputError("file not found", path=str(path)) from exc
+    except OSError as exc:
+        raise InputError(f"cannot read the file: {exc}", path=str(path)) from exc
+    if size > MAX_FILE_BYTES:
+        raise InputError(f"the file is {size / 2**20:.1f} MB; a suite file may hold at most "
+                         f"{MAX_FILE_BYTES // 2**20} MB", path=str(path),
+                         hint="split it into several suites, or keep fewer instances")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError as exc:
