@@ -94,6 +94,52 @@ class ReviewAPI:
             return {"run_id": run_id, "summary": summary.to_json()}
         return self.jobs.submit("run", {"run_id": run_id, "resume": True}, work)
 
+    def start_demo_job(self, *, suite: str = "reasoning-mix", models: list[str] | None = None,
+                       limit: int = 12) -> str:
+        """The five-minute demo as one job: a batch of `limit` instances on each model (the default
+        two-model batch), then the heuristic diagnosis of their failures; the result names the runs,
+        the diagnosis and the seconds each step took, and the Review page holds its proposals."""
+        chosen = list(models or self.settings.default_models)
+        runs = [self.create_run(RunRequest(suite=suite, model=m, limit=limit, label="demo")) for m in chosen]  # type: ignore[attr-defined]
+        steps = len(runs) + 1
+
+        def work(ctx: "JobContext") -> dict[str, Any]:
+            import time
+            timings: dict[str, float] = {}
+            for n, run in enumerate(runs, 1):
+                started = time.perf_counter()
+
+                def events(e: dict[str, Any], n: int = n, run: RunRecord = run) -> None:
+                    if e["type"] in ("run_started", "instance_done"):
+                        ctx.progress(n - 1, steps, f"step {n} of {steps}: {run.model} on {suite}, "
+                                                   f"{e['done']} of {e['total']} instances")
+                self.execute_run(run.id, events=events, cancelled=ctx.cancelled)  # type: ignore[attr-defined]
+                timings[f"run {run.model}"] = round(time.perf_counter() - started, 1)
+                if ctx.cancelled():
+                    return {"run_ids": [r.id for r in runs], "timings": timings, "stopped": True}
+            ctx.progress(steps - 1, steps, f"step {steps} of {steps}: clustering and diagnosing the failures",
+                         force=True)
+            started = time.perf_counter()
+            rec = self.diagnose([r.id for r in runs])
+            timings["diagnosis"] = round(time.perf_counter() - started, 1)
+            pending = self.proposals(diagnosis_id=rec.id, status="pending")
+            return {"run_ids": [r.id for r in runs], "diagnosis_id": rec.id, "proposals": len(pending),
+                    "timings": timings}
+        return self.jobs.submit("demo", {"suite": suite, "models": chosen, "limit": limit,
+                                         "run_ids": [r.id for r in runs]}, work)
+
+    def demo_estimate(self, *, models: list[str] | None = None, limit: int = 12) -> dict[str, float | None]:
+        """Seconds the demo's runs should take here, per model, from this machine's finished runs
+        of that model (median seconds per instance, cached calls excluded); None where none exist."""
+        import statistics
+        out: dict[str, float | None] = {}
+        for model in models or self.settings.default_models:
+            rates = [float(r.summary["wall_seconds"]) / int(r.summary["n"]) for r in self.runs(limit=200)  # type: ignore[attr-defined]
+                     if r.model == model and r.status == "done" and int(r.summary.get("n") or 0)
+                     and not int(r.summary.get("cache_hits") or 0) and r.summary.get("wall_seconds")]
+            out[model] = round(statistics.median(rates) * limit, 0) if rates else None
+        return out
+
     # ---- diagnoses and proposals
     def diagnose(self, run_ids: list[str], *, role_backend: str = "heuristic", max_rounds: int = 3,
                  events: Callable[[dict[str, Any]], None] | None = None) -> "DiagnosisRecord":

@@ -4,7 +4,7 @@ background worker, watch it, resume unfinished runs, and browse results down to 
 import streamlit as st
 
 from app import components as ui
-from app import compare_ui, forms, suite_import, views
+from app import compare_ui, demo_ui, forms, suite_import, views
 from app.guard import shown_errors
 from app.state import remember, service
 
@@ -12,6 +12,11 @@ svc = service()
 st.title("Runs")
 st.caption("A batch runs one harness version on a suite's instances with each chosen model. It runs in the "
            "background: leave the page or refresh, it keeps going.")
+
+with shown_errors():
+    with st.expander("Demo: batch → clusters → diagnosis → review in one click", icon=":material/rocket_launch:",
+                     expanded=not svc.runs(limit=1)):
+        demo_ui.demo(svc)
 
 with shown_errors():
     with st.expander("Start a batch", expanded=not svc.runs(limit=1), icon=":material/play_arrow:"):
@@ -26,8 +31,8 @@ with shown_errors():
         suite_import.upload(svc)
 
 with shown_errors():
-    ui.job_panel(svc, ["run"], key="runs")
-    ui.recent_failures(svc, ["run"])
+    ui.job_panel(svc, ["run", "demo"], key="runs")
+    ui.recent_failures(svc, ["run", "demo"])
 
 with shown_errors():
     runs = svc.runs()

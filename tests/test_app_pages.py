@@ -797,3 +797,35 @@ def test_the_runs_page_offers_a_jsonl_import_with_a_usable_default_name(world: W
     at = open_page("1_runs")
     assert any(e.label == "Import a JSONL suite" for e in at.expander)
     assert default_name("My Suite (2).jsonl") == "My-Suite-2" and default_name("???.JSONL") == "my-suite"
+
+
+def test_the_demo_runs_batch_then_diagnosis_and_reports_its_timings(world: World, svc: Service) -> None:
+    """One click: a run per model, then the diagnosis, as one job; the estimate comes from this
+    machine's earlier runs of the models, and the finished demo shows what each step took."""
+    from app.demo_ui import estimate_text
+    estimate = svc.demo_estimate(models=["alpha", "beta", "never-run"], limit=12)
+    assert estimate["alpha"] is not None and estimate["never-run"] is None
+    assert "no earlier run of never-run" in estimate_text(estimate)
+    job = svc.start_demo_job(models=["alpha", "beta"], limit=6)
+    wait_jobs(svc)
+    done = svc.job(job)
+    assert done.status == "done", done.error
+    assert set(done.result["timings"]) == {"run alpha", "run beta", "diagnosis"}
+    assert [svc.get_run(r).label for r in done.result["run_ids"]] == ["demo", "demo"]
+    assert svc.get_diagnosis(done.result["diagnosis_id"]).run_ids == done.result["run_ids"]
+    at = open_page("1_runs")
+    assert any("Last demo: run alpha" in s.value for s in at.success)
+
+
+@pytest.mark.slow
+def test_the_demo_on_the_real_embedded_model(ecdysis_home: Path) -> None:
+    svc = open_service()
+    try:
+        job = svc.start_demo_job(models=["smollm2"], limit=3)
+        wait_jobs(svc, timeout=600)
+        done = svc.job(job)
+        assert done.status == "done", done.error
+        assert done.result["timings"]["run smollm2"] > 0
+        assert len(svc.results(done.result["run_ids"][0])) == 3
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
