@@ -51,6 +51,33 @@ def test_backend_is_loaded_lazily() -> None:
     backend.close()
 
 
+@pytest.mark.parametrize("name", ["smollm2", "qwen2.5-coder-0.5b"])
+def test_prefix_reuse_gives_the_text_of_a_full_evaluation(name: str) -> None:
+    """Requests that share a long system prompt, one after another on one backend (which reuses the
+    cached prefix in whole chunks), give exactly the text a fresh backend gives each of them alone;
+    a multi-turn request that quotes the previous reply does too."""
+    system = {"role": "system", "content": "You solve reasoning problems carefully. " * 12 + "End with Answer: X."}
+    questions = ["What is 17 + 25?", "Is 91 a prime number?", "Sort these words: pear apple fig.",
+                 "What is 17 + 26?"]
+    shared = LlamaCppBackend(name)
+    try:
+        texts = [shared.complete(CompletionRequest.make([system, {"role": "user", "content": q}], max_tokens=48)).text
+                 for q in questions]
+        follow = [system, {"role": "user", "content": questions[0]}, {"role": "assistant", "content": texts[0]},
+                  {"role": "user", "content": "Reply with the number only."}]
+        texts.append(shared.complete(CompletionRequest.make(follow, max_tokens=16)).text)
+    finally:
+        shared.close()
+    requests = [[system, {"role": "user", "content": q}] for q in questions] + [follow]
+    for messages, text in zip(requests[1:], texts[1:]):
+        fresh = LlamaCppBackend(name)
+        try:
+            alone = fresh.complete(CompletionRequest.make(messages, max_tokens=16 if messages is follow else 48)).text
+        finally:
+            fresh.close()
+        assert alone == text
+
+
 def test_qwen_0_5b_reasons_to_an_answer_smollm2_misses() -> None:
     """The headroom the subject model brings: a two-step word problem, asked for its reasoning
     and a final line, which SmolLM2 gets wrong and Qwen2.5-Coder 0.5B gets right."""

@@ -98,13 +98,14 @@ class LlamaCppBackend:
     def _load(self) -> Any:
         if self._llm is None:
             try:
-                Llama = fast_grammar_llama_class()
+                Llama = chunk_aligned_class(fast_grammar_llama_class())
             except ImportError as exc:  # pragma: no cover - set-up problem, not a code path
                 raise ConfigError("llama-cpp-python is not installed", hint="run `make setup`") from exc
             # The build flags in scripts/setup.sh avoid llama.cpp's AMX kernels, which crash at
             # the first decode on these machines; use_extra_bufts=False is the belt to those braces.
             kwargs: dict[str, Any] = dict(model_path=str(self._path), n_ctx=self._n_ctx,
-                                          n_threads=self._n_threads, verbose=False, seed=0)
+                                          n_threads=self._n_threads, verbose=False, seed=0,
+                                          n_batch=PROMPT_CHUNK)
             chat_format = LOCAL_MODELS[self.model_id].get("chat_format")
             if chat_format:
                 kwargs["chat_format"] = chat_format
@@ -120,10 +121,11 @@ class LlamaCppBackend:
     def _complete(self, request: CompletionRequest) -> Completion:
         with self._lock:
             llm = self._load()
-            # Reusing the cached prefix of the previous prompt evaluates the rest in a different
-            # batch shape, and greedy decoding then drifts; a full evaluation keeps the same
-            # request giving the same text, which the response cache and paired gates rely on.
-            llm.reset()
+            # The previous prompt's evaluated prefix is reused only in whole PROMPT_CHUNK-token
+            # chunks, so every token is evaluated in the same batch as a full evaluation would:
+            # the same request gives the same text, which the response cache and paired gates
+            # rely on (a free-sized suffix made greedy decoding drift).
+            llm.align_next_eval = True
             extra: dict[str, Any] = {}
             if request.json_schema:
                 # llama.cpp turns the schema into a sampling grammar: the reply is valid JSON of
@@ -137,7 +139,11 @@ class LlamaCppBackend:
                         max_tokens=request.max_tokens, stop=list(request.stop) or None,
                         seed=request.seed, **extra)
                 except ValueError as exc:  # e.g. the prompt exceeds the context window
+                    llm.reset()
                     raise ModelError(f"{self.model_id}: {exc}", kind="context_overflow") from exc
+                except BaseException:
+                    llm.reset()  # a call that broke off leaves no half-evaluated state for the next
+                    raise
                 latency = time.perf_counter() - start
         choice = out["choices"][0]
         usage = out.get("usage") or {}
@@ -154,6 +160,41 @@ class LlamaCppBackend:
             if self._llm is not None:
                 self._llm.close() if hasattr(self._llm, "close") else None
                 self._llm = None
+
+
+PROMPT_CHUNK = 32  # tokens per prompt batch, and the unit in which a cached prefix is reused
+
+
+def chunk_aligned_class(base: type) -> type:
+    """`base` (a llama_cpp.Llama) that reuses the key/value cache of the previous *prompt* only in
+    whole `n_batch`-token chunks counted from the start. llama-cpp-python reuses the longest common
+    prefix token by token, so the rest of the prompt is evaluated in batches that start wherever
+    the match ended, and floating-point results (hence greedy text) differ from a full evaluation.
+    Rounding the reused prefix down to a chunk boundary, and never past the previous prompt (its
+    reply was decoded one token at a time), makes every prompt token go through the very batch a
+    full evaluation would give it. 51 of 51 replies were identical to a full evaluation after each
+    reset, for SmolLM2 and for Qwen 0.5B, at 0.74x and 0.61x of the time (see the design notes)."""
+
+    class ChunkAlignedLlama(base):  # type: ignore[misc, valid-type]
+        align_next_eval = False   # set before a completion: its first eval is the prompt's
+        _prompt_end = 0           # tokens of the last prompt whose cache may be reused
+
+        def eval(self, tokens: Any) -> None:
+            if not self.align_next_eval:
+                return super().eval(tokens)
+            self.align_next_eval = False
+            keep = min(self.n_tokens, self._prompt_end) // self.n_batch * self.n_batch
+            if keep < self.n_tokens:
+                tokens = [*self._input_ids[keep:self.n_tokens], *tokens]
+                self.n_tokens = keep
+            super().eval(tokens)
+            self._prompt_end = self.n_tokens
+
+        def reset(self) -> None:
+            super().reset()
+            self._prompt_end = 0
+
+    return ChunkAlignedLlama
 
 
 # Every llama.cpp call of this process runs on one thread. llama.cpp's CPU threads form an OpenMP
