@@ -30,7 +30,10 @@ def upload(svc: Service) -> None:
     """Upload, name, import; the outcome stays on screen until the next import."""
     file = st.file_uploader("JSONL file", type=["jsonl"], key="suite:file", help=FORMAT_HELP)
     if file is not None:
-        name = st.text_input("Suite name", value=default_name(file.name), key=f"suite:name:{file.file_id}")
+        if st.session_state.get("_suite:file") != file.file_id:  # a new file: offer its own name
+            st.session_state["_suite:file"] = file.file_id
+            st.session_state["suite:name"] = default_name(file.name)
+        name = st.text_input("Suite name", key="suite:name")
         replace = st.checkbox("Replace a stored suite of this name", key="suite:replace",
                               help="runs keep their results; they refer to the old instances by id")
         if st.button("Import suite", key="suite:import", icon=":material/upload_file:", type="primary"):

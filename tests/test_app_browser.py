@@ -1,7 +1,8 @@
 """What only a browser shows, in headless Debian Chromium over a scripted world (no real model):
 a reason typed and Reject clicked once rejects; a folded run of unchanged lines unfolds in place;
 the run detail follows a batch that is running without a reload; a click on the failure map opens
-that failure's trajectory.
+that failure's trajectory; a JSONL suite uploads (a bad one is refused naming its line); a run's
+results filter by outcome and text as they are chosen and typed, next to the export buttons.
 
 The world is `test_app_pages`'s: the scripted models "alpha" and "beta" ran the starter harness on
 10 reasoning-mix instances and the heuristic roles diagnosed the batch. The app runs as
@@ -170,3 +171,53 @@ def test_a_click_on_the_failure_map_opens_that_trajectory(app: str, page: Page, 
     no_traceback(page)
     trajectory = page.get_by_role("combobox", name="Trajectory of instance").input_value()
     assert any(trajectory.startswith(m["instance_id"] + " · ") for m in members), trajectory
+
+
+def test_a_jsonl_suite_uploads_and_a_bad_one_is_refused_naming_its_line(app: str, page: Page, world: World,
+                                                                        tmp_path: Path) -> None:
+    good = tmp_path / "parity.jsonl"
+    good.write_text("".join(f'{{"input": "Is {i} even?", "target": "{"Yes" if i % 2 == 0 else "No"}"}}\n'
+                            for i in range(8)))
+    bad = tmp_path / "broken.jsonl"
+    bad.write_text('{"input": "a", "target": "b"}\n{"input": "c"}\n')
+    goto(page, app)  # Runs is the default page, served at the root
+    page.get_by_text("Import a JSONL suite").click()
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(good))
+    expect(page.get_by_label("Suite name")).to_have_value("parity")
+    page.get_by_role("button", name="Import suite").click()
+    expect(page.get_by_text(re.compile(r"Imported parity: 8 instances in 1 categories, answers: yes_no"))).to_be_visible()
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(bad))
+    settle(page)
+    expect(page.get_by_label("Suite name")).to_have_value("broken")
+    page.get_by_role("button", name="Import suite").click()
+    expect(page.get_by_text("broken.jsonl was refused: broken.jsonl:2: missing 'target'")).to_be_visible()
+    no_traceback(page)
+    svc = open_service()
+    try:
+        assert svc.store.get_suite("parity") is not None and svc.store.get_suite("broken") is None
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+
+
+def test_results_filter_as_you_type_and_export_buttons_are_there(app: str, page: Page, world: World) -> None:
+    goto(page, app)
+    shown = page.get_by_role("combobox", name="Run", exact=True).input_value().split(" · ")[0]
+    svc = open_service()
+    try:
+        results = svc.results(shown)
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    assert shown in world.run_ids and results
+    failed = sum(1 for r in results if not r.correct)
+    page.locator('[data-testid="stButtonGroup"]').get_by_text("failed", exact=True).click()
+    settle(page)
+    if failed < len(results):
+        expect(page.get_by_text(f"{failed} of {len(results)} instances match")).to_be_visible()
+    search = page.get_by_role("textbox", name="Search")
+    search.fill(results[0].instance_id)
+    search.press("Enter")
+    settle(page)
+    expect(page.get_by_text(re.compile(r"^[01] of \d+ instances match"))).to_be_visible()
+    expect(page.get_by_role("button", name="Results as CSV")).to_be_visible()
+    expect(page.get_by_role("button", name="Run as JSON")).to_be_visible()
+    no_traceback(page)
