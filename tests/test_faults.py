@@ -469,7 +469,9 @@ def test_the_app_and_the_cli_write_one_database_at_once(tmp_path: Path) -> None:
     import threading
     home, n = tmp_path / "home", 40
     gate = threading.Event()
-    with MisbehavingOpenAI(delay_s=0.01, gate=gate) as server:
+    # Calls of 0.1 s keep each run storing for over a second, so the overlap checked below does not
+    # hang on scheduling jitter (with 10 ms calls a run could finish in half a second, before another began).
+    with MisbehavingOpenAI(delay_s=0.1, gate=gate) as server:
         env = _env(home, OPENAI_BASE_URL=server.base_url, ECDYSIS_MAX_RETRIES="0")
         app = subprocess.Popen([sys.executable, "-c", APP_PROCESS, str(n)], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
