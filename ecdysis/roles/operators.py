@@ -152,6 +152,10 @@ def ecd_bare(answer, task):
     return True
 
 
+def _ecd_plain_number(found):
+    return found.replace("$", "").rstrip(".,").replace(",", "")
+
+
 def _ecd_number(text):
     # The last number the reply's last line states as a result: not a list item's number ("8. "),
     # not an operand of an unfinished sum ("1 + 2 + 3"); else nothing.
@@ -164,7 +168,7 @@ def _ecd_number(text):
         operand = before[-1:] in ("+", "-", "*", "/", "\u00d7") or after[:1] in ("+", "*", "/", "\u00d7")
         if not listed and not operand:
             found = m.group(0)
-    return found.replace("$", "").rstrip(".,").replace(",", "")
+    return _ecd_plain_number(found)
 
 
 def _ecd_boolean(text, task):
@@ -245,7 +249,7 @@ def ecd_find_answer(text, task):
         if shape == "number":
             numbers = _ecd_re.findall(_ECD_NUM, marked)
             if numbers:
-                return numbers[-1].replace("$", "").rstrip(".,").replace(",", "")
+                return _ecd_plain_number(numbers[-1])
         elif shape == "boolean":
             found = _ecd_boolean(marked, task)
             if found:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ecdysis.errors import InputError
 from ecdysis.records import Instance, ScorerSpec
+from ecdysis.suites.scorers import NUMBER_WORDS
 
 KINDS = ("choice", "yes_no", "true_false", "integer", "decimal", "list", "json", "text")
 FIELD = "answer_form"
@@ -75,17 +76,12 @@ class AnswerForm:
         return f"{self.kind} ({extra})" if extra else self.kind
 
 
-_NUMBER_WORDS = {w: i for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-    "sixteen seventeen eighteen nineteen twenty".split())}
-
-
 def number_and_unit(text: str) -> tuple[float, str] | None:
     """(value, unit) when the whole text is one number with an optional unit ("$12", "7 km",
     "3.5%", "three"), else None; a currency sign counts as the unit."""
     word = text.strip().casefold().rstrip(".")
-    if word in _NUMBER_WORDS:
-        return float(_NUMBER_WORDS[word]), ""
+    if word in NUMBER_WORDS:
+        return float(NUMBER_WORDS[word]), ""
     m = _NUMBER_UNIT.fullmatch(text.strip())
     if not m:
         return None

@@ -39,7 +39,7 @@ Scorer = Callable[[str, Instance, Mapping[str, Any]], bool]
 _QUOTES = (("\"", "\""), ("'", "'"), ("`", "`"), ("\u201c", "\u201d"), ("\u2018", "\u2019"))
 _CURRENCY = ("$", "\u20ac", "\u00a3")
 _NUMBER = re.compile(r"(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?")
-_NUMBER_WORDS = {word: i for i, word in enumerate(
+NUMBER_WORDS = {word: i for i, word in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
     "sixteen seventeen eighteen nineteen twenty".split())}
 # "(B)", "B", "B.", "B)", "B:", optionally followed by the choice text.
@@ -81,8 +81,8 @@ def parse_number(text: str) -> float | None:
     if body[:1] in _CURRENCY:
         body = body[1:].lstrip()
     body = body.removesuffix("%").rstrip()
-    if body in _NUMBER_WORDS and not sign:
-        return float(_NUMBER_WORDS[body])
+    if body in NUMBER_WORDS and not sign:
+        return float(NUMBER_WORDS[body])
     if not any(c.isdigit() for c in body) or not _NUMBER.fullmatch(body):
         return None
     return float(sign + body.replace(",", ""))
