@@ -126,13 +126,21 @@ def test_run_detail_follows_a_running_batch(app: str, page: Page, world: World, 
         expect(finished).to_be_visible()
         counts = []
         deadline = time.time() + 90
+        scored = page.locator('[data-testid="stMetric"]', has_text="scored")
         while svc.get_run(run.id).status == "running" and time.time() < deadline:
-            text = finished.inner_text(timeout=5_000)
-            counts.append(int(text.split()[0]))
-            scored = page.locator('[data-testid="stMetric"]', has_text="scored").inner_text()
-            stored = len(svc.results(run.id))
-            # The header, the caption and the table are one reading, at most a poll behind the store.
-            assert f"{counts[-1]}/12" in scored and stored - 2 <= counts[-1] <= stored, (scored, text, stored)
+            # The header and the caption come from one reading of the store. The browser paints a
+            # rerun element by element, so two reads may straddle a repaint: they must agree again
+            # within a couple of seconds, and never run ahead of the store.
+            settle = time.time() + 3
+            while True:
+                text, metric = finished.inner_text(timeout=5_000), scored.inner_text()
+                stored = len(svc.results(run.id))
+                count = int(text.split()[0])
+                if f"{count}/12" in metric or time.time() > settle:
+                    break
+                time.sleep(0.2)
+            counts.append(count)
+            assert f"{count}/12" in metric and stored - 2 <= count <= stored, (metric, text, stored)
             time.sleep(1.0)
         assert len(set(counts)) >= 3 and counts == sorted(counts), f"the page did not follow the batch: {counts}"
         worker.join(60)
