@@ -53,16 +53,23 @@ def test_backend_is_loaded_lazily() -> None:
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen2.5-coder-0.5b"])
 def test_prefix_reuse_gives_the_text_of_a_full_evaluation(name: str) -> None:
-    """Requests that share a long system prompt, one after another on one backend (which reuses the
-    cached prefix in whole chunks), give exactly the text a fresh backend gives each of them alone;
-    a multi-turn request that quotes the previous reply does too."""
-    system = {"role": "system", "content": "You solve reasoning problems carefully. " * 12 + "End with Answer: X."}
-    questions = ["What is 17 + 25?", "Is 91 a prime number?", "Sort these words: pear apple fig.",
-                 "What is 17 + 26?"]
+    """Requests that share a long system prompt and an instruction paragraph, one after another on
+    one backend (which keeps the cached prefix up to a batch start both prompts share), give
+    exactly the text a fresh backend gives each of them alone; a multi-turn request that quotes
+    the previous reply does too."""
+    system = {"role": "system", "content": "You solve reasoning problems carefully. " * 30 + "End with Answer: X."}
+    lead = "Read the question below, think it through in one or two sentences, then answer.\n\n"
+    questions = [lead + q for q in ("What is 17 + 25?", "Is 91 a prime number?",
+                                    "Sort these words: pear apple fig.", "What is 17 + 26?")]
     shared = LlamaCppBackend(name)
     try:
-        texts = [shared.complete(CompletionRequest.make([system, {"role": "user", "content": q}], max_tokens=48)).text
-                 for q in questions]
+        texts, reused = [], []
+        for q in questions:
+            texts.append(shared.complete(CompletionRequest.make([system, {"role": "user", "content": q}],
+                                                                max_tokens=48)).text)
+            reused.append(shared._llm.reused)
+        # The system turn and the instruction paragraph came from the cache after the first call.
+        assert reused[0] == 0 and min(reused[1:]) > 200, reused
         follow = [system, {"role": "user", "content": questions[0]}, {"role": "assistant", "content": texts[0]},
                   {"role": "user", "content": "Reply with the number only."}]
         texts.append(shared.complete(CompletionRequest.make(follow, max_tokens=16)).text)

@@ -98,14 +98,14 @@ class LlamaCppBackend:
     def _load(self) -> Any:
         if self._llm is None:
             try:
-                Llama = chunk_aligned_class(fast_grammar_llama_class())
+                Llama = turn_aligned_class(fast_grammar_llama_class())
             except ImportError as exc:  # pragma: no cover - set-up problem, not a code path
                 raise ConfigError("llama-cpp-python is not installed", hint="run `make setup`") from exc
             # The build flags in scripts/setup.sh avoid llama.cpp's AMX kernels, which crash at
             # the first decode on these machines; use_extra_bufts=False is the belt to those braces.
             kwargs: dict[str, Any] = dict(model_path=str(self._path), n_ctx=self._n_ctx,
                                           n_threads=self._n_threads, verbose=False, seed=0,
-                                          n_batch=PROMPT_CHUNK)
+                                          n_batch=PROMPT_BATCH)
             chat_format = LOCAL_MODELS[self.model_id].get("chat_format")
             if chat_format:
                 kwargs["chat_format"] = chat_format
@@ -121,10 +121,10 @@ class LlamaCppBackend:
     def _complete(self, request: CompletionRequest) -> Completion:
         with self._lock:
             llm = self._load()
-            # The previous prompt's evaluated prefix is reused only in whole PROMPT_CHUNK-token
-            # chunks, so every token is evaluated in the same batch as a full evaluation would:
-            # the same request gives the same text, which the response cache and paired gates
-            # rely on (a free-sized suffix made greedy decoding drift).
+            # The prompt is evaluated in batches that depend on the prompt alone, and the previous
+            # prompt's cache is reused only up to a batch start both share, so the same request
+            # gives the same text, which the response cache and paired gates rely on (a free-sized
+            # suffix made greedy decoding drift).
             llm.align_next_eval = True
             extra: dict[str, Any] = {}
             if request.json_schema:
@@ -162,39 +162,83 @@ class LlamaCppBackend:
                 self._llm = None
 
 
-PROMPT_CHUNK = 32  # tokens per prompt batch, and the unit in which a cached prefix is reused
+PROMPT_BATCH = 128   # at most this many prompt tokens per batch
+MIN_PARAGRAPH = 16   # a paragraph break starts a batch only after this many tokens in the current one
+LLAMA_TOKEN_ATTR_CONTROL = 1 << 3  # llama.h's flag for control tokens such as turn markers
 
 
-def chunk_aligned_class(base: type) -> type:
-    """`base` (a llama_cpp.Llama) that reuses the key/value cache of the previous *prompt* only in
-    whole `n_batch`-token chunks counted from the start. llama-cpp-python reuses the longest common
-    prefix token by token, so the rest of the prompt is evaluated in batches that start wherever
-    the match ended, and floating-point results (hence greedy text) differ from a full evaluation.
-    Rounding the reused prefix down to a chunk boundary, and never past the previous prompt (its
-    reply was decoded one token at a time), makes every prompt token go through the very batch a
-    full evaluation would give it. 51 of 51 replies were identical to a full evaluation after each
-    reset, for SmolLM2 and for Qwen 0.5B, at 0.74x and 0.61x of the time (see the design notes)."""
+def prompt_cuts(tokens: list[int], opens_turn: Any, ends_line: Any) -> list[int]:
+    """Where the evaluation batches of a prompt begin: at 0, at every turn marker (`<|im_start|>`,
+    `<start_of_turn>`), after a paragraph break once the batch holds MIN_PARAGRAPH tokens, and
+    every PROMPT_BATCH tokens. Whether a position is a cut depends only on the tokens up to it,
+    so two prompts that share a prefix share its cuts: a harness's system turn, and a task's
+    instruction paragraph, are the same batches in every prompt that carries them."""
+    cuts, last = [0], 0
+    for pos in range(1, len(tokens)):
+        paragraph = (pos - last >= MIN_PARAGRAPH and ends_line(tokens[pos - 1])
+                     and (ends_line(tokens[pos - 1], blank=True) or ends_line(tokens[pos - 2])))
+        if opens_turn(tokens[pos]) or paragraph or pos - last == PROMPT_BATCH:
+            cuts.append(pos)
+            last = pos
+    return cuts
 
-    class ChunkAlignedLlama(base):  # type: ignore[misc, valid-type]
-        align_next_eval = False   # set before a completion: its first eval is the prompt's
-        _prompt_end = 0           # tokens of the last prompt whose cache may be reused
+
+def reusable_prefix(cuts: list[int], previous_cuts: frozenset[int], limit: int) -> int:
+    """How many cached tokens a prompt may keep: the furthest of its cuts that is also a cut of the
+    previous prompt and lies within what both share (`limit`). Below it every batch is the batch
+    a full evaluation of either prompt gives, so the cache holds the very values it would."""
+    return max((c for c in cuts if c <= limit and c in previous_cuts), default=0)
+
+
+def turn_aligned_class(base: type) -> type:
+    """`base` (a llama_cpp.Llama) whose prompt evaluation is a function of the prompt alone.
+    llama-cpp-python reuses the longest common prefix token by token and evaluates the rest in
+    batches that start wherever the match ended, so floating-point results, hence greedy text,
+    depend on what the previous call was. Here a prompt is always evaluated in the batches of
+    `prompt_cuts`, and the cache of the previous prompt is kept only up to a cut the two share
+    (never into the previous reply, which was decoded one token at a time). The shared system turn
+    is reused whole, as the token-level match would, and every reply equals a full evaluation."""
+
+    class TurnAlignedLlama(base):  # type: ignore[misc, valid-type]
+        align_next_eval = False                  # set before a completion: its first eval is the prompt's
+        _prompt_end = 0                          # tokens of the last prompt
+        _prompt_cuts: frozenset[int] = frozenset()
+        reused = 0                               # prompt tokens the last call took from the cache
+
+        def _opens_turn(self, token: int) -> bool:
+            known: dict[int, bool] = self.__dict__.setdefault("_turn_tokens", {})
+            if token not in known:
+                try:  # a control token named like a turn opening: <|im_start|>, <start_of_turn>
+                    known[token] = bool(self._model.token_get_attr(token) & LLAMA_TOKEN_ATTR_CONTROL) \
+                        and "start" in str(self._model.token_get_text(token)).lower()
+                except Exception:  # an older binding: batches then start at paragraphs and counts
+                    known[token] = False
+            return known[token]
+
+        def _ends_line(self, token: int, blank: bool = False) -> bool:
+            known: dict[tuple[int, bool], bool] = self.__dict__.setdefault("_line_tokens", {})
+            if (token, blank) not in known:
+                known[(token, blank)] = self.detokenize([token]).endswith(b"\n\n" if blank else b"\n")
+            return known[(token, blank)]
 
         def eval(self, tokens: Any) -> None:
             if not self.align_next_eval:
                 return super().eval(tokens)
             self.align_next_eval = False
-            keep = min(self.n_tokens, self._prompt_end) // self.n_batch * self.n_batch
-            if keep < self.n_tokens:
-                tokens = [*self._input_ids[keep:self.n_tokens], *tokens]
-                self.n_tokens = keep
-            super().eval(tokens)
-            self._prompt_end = self.n_tokens
+            prompt = [int(t) for t in (*self._input_ids[:self.n_tokens], *tokens)]
+            cuts = prompt_cuts(prompt, self._opens_turn, self._ends_line)
+            self.n_tokens = self.reused = reusable_prefix(cuts, self._prompt_cuts,
+                                                          min(self.n_tokens, self._prompt_end))
+            for begin, end in zip(cuts, [*cuts[1:], len(prompt)]):
+                if end > self.n_tokens:
+                    super().eval(prompt[max(begin, self.n_tokens):end])
+            self._prompt_end, self._prompt_cuts = len(prompt), frozenset(cuts)
 
         def reset(self) -> None:
             super().reset()
-            self._prompt_end = 0
+            self._prompt_end, self._prompt_cuts = 0, frozenset()
 
-    return ChunkAlignedLlama
+    return TurnAlignedLlama
 
 
 # Every llama.cpp call of this process runs on one thread. llama.cpp's CPU threads form an OpenMP
