@@ -59,8 +59,11 @@ def test_prefix_reuse_gives_the_text_of_a_full_evaluation(name: str) -> None:
     the previous reply does too."""
     system = {"role": "system", "content": "You solve reasoning problems carefully. " * 30 + "End with Answer: X."}
     lead = "Read the question below, think it through in one or two sentences, then answer.\n\n"
-    questions = [lead + q for q in ("What is 17 + 25?", "Is 91 a prime number?",
-                                    "Sort these words: pear apple fig.", "What is 17 + 26?")]
+    questions = [lead + q for q in (
+        "A shelf holds 17 red books and 25 blue books. How many books are on the shelf in all?",
+        "Is 91 a prime number, or can it be written as the product of two smaller whole numbers?",
+        "Sort these words in alphabetical order and list them with commas: pear, apple, fig, kiwi.",
+        "A shelf holds 17 red books and 26 blue books. How many books are on the shelf in all?")]
     shared = LlamaCppBackend(name)
     try:
         texts, reused = [], []
@@ -68,7 +71,8 @@ def test_prefix_reuse_gives_the_text_of_a_full_evaluation(name: str) -> None:
             texts.append(shared.complete(CompletionRequest.make([system, {"role": "user", "content": q}],
                                                                 max_tokens=48)).text)
             reused.append(shared._llm.reused)
-        # The system turn and the instruction paragraph came from the cache after the first call.
+        # The system turn, the user's role line and the instruction paragraph came from the cache
+        # after the first call.
         assert reused[0] == 0 and min(reused[1:]) > 200, reused
         follow = [system, {"role": "user", "content": questions[0]}, {"role": "assistant", "content": texts[0]},
                   {"role": "user", "content": "Reply with the number only."}]

@@ -162,32 +162,51 @@ class LlamaCppBackend:
                 self._llm = None
 
 
-PROMPT_BATCH = 128   # at most this many prompt tokens per batch
-MIN_PARAGRAPH = 16   # a paragraph break starts a batch only after this many tokens in the current one
+PROMPT_BATCH = 128  # at most this many prompt tokens per batch
+MIN_BATCH = 16      # a batch start that would leave a shorter batch before or after it is dropped
+TURN_HEADER = 8     # tokens a turn marker's role line (`<|im_start|>user\n`) may take
 LLAMA_TOKEN_ATTR_CONTROL = 1 << 3  # llama.h's flag for control tokens such as turn markers
 
 
 def prompt_cuts(tokens: list[int], opens_turn: Any, ends_line: Any) -> list[int]:
-    """Where the evaluation batches of a prompt begin: at 0, at every turn marker (`<|im_start|>`,
-    `<start_of_turn>`), after a paragraph break once the batch holds MIN_PARAGRAPH tokens, and
-    every PROMPT_BATCH tokens. Whether a position is a cut depends only on the tokens up to it,
-    so two prompts that share a prefix share its cuts: a harness's system turn, and a task's
-    instruction paragraph, are the same batches in every prompt that carries them."""
-    cuts, last = [0], 0
-    for pos in range(1, len(tokens)):
-        paragraph = (pos - last >= MIN_PARAGRAPH and ends_line(tokens[pos - 1])
-                     and (ends_line(tokens[pos - 1], blank=True) or ends_line(tokens[pos - 2])))
-        if opens_turn(tokens[pos]) or paragraph or pos - last == PROMPT_BATCH:
-            cuts.append(pos)
-            last = pos
+    """Where the evaluation batches of a prompt begin: 0, then the end of each turn's role line
+    (`<|im_start|>user\n`; the marker itself when no line end follows it), each paragraph break,
+    and every PROMPT_BATCH tokens, keeping only starts with MIN_BATCH tokens on both sides. A cut
+    there is where two prompts of one harness part ways (after the system turn, after a task's
+    instruction paragraph), and a reply needs no more batches than its unshared text: every extra
+    batch costs about one decoding step."""
+    candidates: list[int] = []
+    pos = 1
+    while pos < len(tokens):
+        if opens_turn(tokens[pos]):
+            end = next((q + 1 for q in range(pos + 1, min(len(tokens), pos + 1 + TURN_HEADER))
+                        if ends_line(tokens[q])), pos)
+            candidates.append(end)
+            pos = max(end, pos + 1)
+            continue
+        if ends_line(tokens[pos - 1]) and (ends_line(tokens[pos - 1], blank=True)
+                                           or pos >= 2 and ends_line(tokens[pos - 2])):
+            candidates.append(pos)
+        pos += 1
+    cuts = [0]
+    for cut in [*candidates, len(tokens)]:
+        while cut - cuts[-1] > PROMPT_BATCH:
+            cuts.append(cuts[-1] + PROMPT_BATCH)
+        if cut - cuts[-1] >= MIN_BATCH and len(tokens) - cut >= MIN_BATCH:
+            cuts.append(cut)
     return cuts
 
 
-def reusable_prefix(cuts: list[int], previous_cuts: frozenset[int], limit: int) -> int:
-    """How many cached tokens a prompt may keep: the furthest of its cuts that is also a cut of the
-    previous prompt and lies within what both share (`limit`). Below it every batch is the batch
-    a full evaluation of either prompt gives, so the cache holds the very values it would."""
-    return max((c for c in cuts if c <= limit and c in previous_cuts), default=0)
+def reusable_prefix(cuts: list[int], previous_cuts: tuple[int, ...], limit: int) -> int:
+    """How many cached tokens a prompt may keep: up to the last batch start on which its cuts and
+    the previous prompt's still agree, within what the two share (`limit`). Below it both were cut
+    into the same batches of the same tokens, so the cache holds what a full evaluation gives."""
+    keep = 0
+    for mine, theirs in zip(cuts, previous_cuts):
+        if mine != theirs or mine > limit:
+            break
+        keep = mine
+    return keep
 
 
 def turn_aligned_class(base: type) -> type:
@@ -202,7 +221,7 @@ def turn_aligned_class(base: type) -> type:
     class TurnAlignedLlama(base):  # type: ignore[misc, valid-type]
         align_next_eval = False                  # set before a completion: its first eval is the prompt's
         _prompt_end = 0                          # tokens of the last prompt
-        _prompt_cuts: frozenset[int] = frozenset()
+        _prompt_cuts: tuple[int, ...] = ()
         reused = 0                               # prompt tokens the last call took from the cache
 
         def _opens_turn(self, token: int) -> bool:
@@ -232,11 +251,11 @@ def turn_aligned_class(base: type) -> type:
             for begin, end in zip(cuts, [*cuts[1:], len(prompt)]):
                 if end > self.n_tokens:
                     super().eval(prompt[max(begin, self.n_tokens):end])
-            self._prompt_end, self._prompt_cuts = len(prompt), frozenset(cuts)
+            self._prompt_end, self._prompt_cuts = len(prompt), tuple(cuts)
 
         def reset(self) -> None:
             super().reset()
-            self._prompt_end, self._prompt_cuts = 0, frozenset()
+            self._prompt_end, self._prompt_cuts = 0, ()
 
     return TurnAlignedLlama
 
