@@ -107,10 +107,28 @@ def drilldown(svc: Service, report: Mapping[str, Any]) -> None:
     if cluster is None:
         return
     ui.cluster_card(cluster)
-    rows = views.member_rows(cluster)
-    st.markdown(f"**{len(rows)} failing instance(s)**")
-    st.dataframe(rows, hide_index=True, width="stretch",
-                 column_config={"evidence": st.column_config.TextColumn("evidence", width="large")})
+    every = views.member_rows(cluster)
+    scope = f"{report.get('id')}:{cluster['id']}"
+    model_col, type_col, search_col = st.columns([2, 2, 2])
+    models = model_col.multiselect("Models", sorted({r["model"] for r in every}), key=f"members:{scope}:models",
+                                   placeholder="all models")
+    failures = type_col.multiselect("Failure types", sorted({r["failure"] for r in every}),
+                                    key=f"members:{scope}:types", placeholder="all failure types")
+    text = search_col.text_input("Search", key=f"members:{scope}:search",
+                                 placeholder="id, answer, target or evidence")
+    rows = views.filter_members(every, models=models, failures=failures, text=text)
+    shown = f"{len(rows)} of {len(every)}" if len(rows) < len(every) else str(len(rows))
+    st.markdown(f"**{shown} failing instance{'' if len(every) == 1 else 's'}** · click a row for its trajectory")
+    event = st.dataframe(rows, key=f"members:{scope}:table", hide_index=True, width="stretch",
+                         on_select="rerun", selection_mode="single-row",
+                         column_config={"evidence": st.column_config.TextColumn("evidence", width="large")})
+    picked = list(getattr(getattr(event, "selection", None), "rows", None) or [])
+    clicked = ui.new_click(f"members:{scope}", f"{rows[picked[0]]['run']}/{rows[picked[0]]['instance']}"
+                           if picked and picked[0] < len(rows) else None)
+    if clicked:  # a row click opens that instance's trajectory below
+        remember(_member_memory(report), clicked)
+    if not rows:
+        return
     options = [f"{r['run']}/{r['instance']}" for r in rows]
     labels = {f"{r['run']}/{r['instance']}": f"{r['instance']} · {r['model']} · {r['category']}" for r in rows}
     chosen = ui.pick("Trajectory of instance", options, labels, key=f"member:{report.get('id')}:{cluster['id']}",

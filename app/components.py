@@ -149,6 +149,17 @@ def run_table(svc: Service, runs: Sequence[RunRecord], *, key: str) -> None:
     })
 
 
+def new_click(key: str, value: str | None) -> str | None:
+    """`value` (what a table row click selects) only when it differs from the click already acted
+    on: a table keeps its selection across reruns, and re-applying it would undo a choice the
+    reader made since in a select box."""
+    slot = f"_click:{key}"
+    if value == st.session_state.get(slot):
+        return None
+    st.session_state[slot] = value
+    return value
+
+
 def results_table(results: Sequence[InstanceResult], *, key: str) -> str | None:
     """The results with filters (outcome, category, text search over answers, targets and replies);
     a click on a row returns that instance's id, for its trajectory."""
@@ -164,7 +175,7 @@ def results_table(results: Sequence[InstanceResult], *, key: str) -> str | None:
     event = st.dataframe([views.result_row(r) for r in shown], key=key, hide_index=True, width="stretch",
                          on_select="rerun", selection_mode="single-row")
     rows = list(getattr(getattr(event, "selection", None), "rows", None) or [])
-    return shown[rows[0]].instance_id if rows and rows[0] < len(shown) else None
+    return new_click(key, shown[rows[0]].instance_id if rows and rows[0] < len(shown) else None)
 
 
 def _clip(text: str | None, limit: int) -> str:

@@ -8,6 +8,7 @@ import streamlit as st
 
 from app import components as ui
 from app.guard import shown_errors
+from app.state import remember, remembered
 from ecdysis.service import Service
 
 DEMO_SUITE = "reasoning-mix"
@@ -27,6 +28,12 @@ def estimate_text(estimates: dict[str, float | None]) -> str:
     return f"about {max(1, round(total / 60))} min here ({parts}, from this machine's earlier runs{tail})"
 
 
+def started_here() -> bool:
+    """The demo was started in this browser session: its panel stays open to show how it went,
+    though the batches it made would otherwise fold it away."""
+    return remembered("demo") == "started"
+
+
 def demo(svc: Service) -> None:
     models = list(svc.settings.default_models)
     st.markdown(f"A batch of {DEMO_LIMIT} `{DEMO_SUITE}` instances on {', '.join(f'`{m}`' for m in models)}, "
@@ -35,6 +42,7 @@ def demo(svc: Service) -> None:
     if st.button("Run the demo", key="demo:start", icon=":material/rocket_launch:", type="primary"):
         with shown_errors():
             svc.start_demo_job(suite=DEMO_SUITE, models=models, limit=DEMO_LIMIT)
+            remember("demo", "started")
             st.toast("Demo started: its progress is below", icon=":material/rocket_launch:")
     last = next((j for j in svc.recent_jobs(limit=40) if j.kind == "demo" and j.status == "done"), None)
     if last is not None and last.result:

@@ -244,6 +244,17 @@ def member_rows(cluster: Mapping[str, Any]) -> list[dict[str, Any]]:
             for m in cluster.get("members", [])]
 
 
+def filter_members(rows: Sequence[Mapping[str, Any]], *, models: Sequence[str] = (),
+                   failures: Sequence[str] = (), text: str = "") -> list[Mapping[str, Any]]:
+    """A cluster's failing instances that a reader asked for: the chosen models and failure types
+    (all when none), and `text` (case-insensitive) in the instance id, answer, target or evidence."""
+    wanted = text.strip().casefold()
+    return [r for r in rows
+            if (not models or r["model"] in models) and (not failures or r["failure"] in failures)
+            and (not wanted or any(wanted in str(r.get(k) or "").casefold()
+                                   for k in ("instance", "answer", "target", "evidence")))]
+
+
 def proposal_json(report: Mapping[str, Any], cluster_id: str) -> dict[str, Any] | None:
     return next((p for p in report.get("proposals", []) if p.get("cluster_id") == cluster_id), None)
 

@@ -15,7 +15,7 @@ st.caption("A batch runs one harness version on a suite's instances with each ch
 
 with shown_errors():
     with st.expander("Demo: batch → clusters → diagnosis → review in one click", icon=":material/rocket_launch:",
-                     expanded=not svc.runs(limit=1)):
+                     expanded=not svc.runs(limit=1) or demo_ui.started_here()):
         demo_ui.demo(svc)
 
 with shown_errors():

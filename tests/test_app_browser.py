@@ -2,7 +2,10 @@
 a reason typed and Reject clicked once rejects; a folded run of unchanged lines unfolds in place;
 the run detail follows a batch that is running without a reload; a click on the failure map opens
 that failure's trajectory; a JSONL suite uploads (a bad one is refused naming its line); a run's
-results filter by outcome and text as they are chosen and typed, next to the export buttons.
+results filter by outcome and text as they are chosen and typed, next to the export buttons; a
+click on a results row opens its trajectory, and a choice made afterwards in the box stands; a
+cluster's failing instances filter by model, failure type and text, and a row click opens one; the
+demo button takes the embedded SmolLM2 through a batch and a diagnosis to the Review page.
 
 The world is `test_app_pages`'s: the scripted models "alpha" and "beta" ran the starter harness on
 10 reasoning-mix instances and the heuristic roles diagnosed the batch. The app runs as
@@ -22,9 +25,10 @@ from typing import Iterator
 import pytest
 
 pytest.importorskip("playwright.sync_api")
-from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Locator, Page, expect, sync_playwright  # noqa: E402
 from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, settle, streamlit_app  # noqa: E402
-from test_app_pages import World, open_service, register_models, world, world_template  # noqa: E402,F401
+from test_app_pages import (World, open_service, register_models, second_proposal, world,  # noqa: E402,F401
+                            world_template)
 
 from ecdysis.service import RunRequest  # noqa: E402
 
@@ -228,4 +232,149 @@ def test_results_filter_as_you_type_and_export_buttons_are_there(app: str, page:
     expect(page.get_by_text(re.compile(r"^[01] of \d+ instances match"))).to_be_visible()
     expect(page.get_by_role("button", name="Results as CSV")).to_be_visible()
     expect(page.get_by_role("button", name="Run as JSON")).to_be_visible()
+    no_traceback(page)
+
+
+def click_row(grid: Locator, row: int) -> None:
+    """Select row `row` (0-based) of a Streamlit dataframe: a click on its row-marker cell, the
+    first column of the canvas grid, one header row above the data."""
+    grid.scroll_into_view_if_needed()
+    box = grid.locator("canvas").first.bounding_box()
+    assert box is not None
+    page = grid.page
+    header = row_height = 35  # Streamlit's default row height, the header's too
+    page.mouse.click(box["x"] + 16, box["y"] + header + row_height * row + row_height / 2)
+
+
+def choose(page: Page, box_name: str, option_start: str) -> None:
+    page.get_by_role("combobox", name=box_name).click()
+    page.get_by_role("option").filter(has_text=re.compile("^" + re.escape(option_start))).first.click()
+
+
+def test_a_row_click_opens_its_trajectory_and_a_later_choice_stands(app: str, page: Page, world: World) -> None:
+    goto(page, app)
+    shown = page.get_by_role("combobox", name="Run", exact=True).input_value().split(" · ")[0]
+    svc = open_service()
+    try:
+        results = svc.results(shown)
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    assert len(results) >= 4
+    trajectory = page.get_by_role("combobox", name="Trajectory of instance")
+    first = trajectory.input_value()
+    grid = page.locator('[data-testid="stDataFrame"]').nth(1)  # the run table, then this run's results
+    click_row(grid, 2)
+    expect(trajectory).to_have_value(re.compile("^" + re.escape(results[2].instance_id) + " · "))
+    assert not first.startswith(results[2].instance_id + " · ")
+    # A choice made in the box afterwards is not undone by the row that stays selected.
+    other = next(r.instance_id for r in results if r.instance_id != results[2].instance_id)
+    choose(page, "Trajectory of instance", other + " · ")
+    settle(page)
+    page.get_by_role("textbox", name="Search").fill("")  # any rerun
+    page.get_by_role("textbox", name="Search").press("Enter")
+    settle(page)
+    expect(trajectory).to_have_value(re.compile("^" + re.escape(other) + " · "))
+    no_traceback(page)
+
+
+def test_cluster_members_filter_by_model_and_failure_type_and_a_row_opens_its_trajectory(
+        app: str, page: Page, world: World) -> None:
+    svc = open_service()
+    try:
+        report = svc.get_diagnosis(world.diagnosis_id).report
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    cluster = report["clusters"][0]
+    members = cluster["members"]
+    models = sorted({m["model"] for m in members})
+    goto(page, f"{app}/clusters")
+    expect(page.get_by_role("combobox", name="Cluster", exact=True)).to_have_value(re.compile(f"^{cluster['id']} · "))
+    total = len(members)
+    expect(page.get_by_text(re.compile(rf"^{total} failing instances? · click a row"))).to_be_visible()
+    if len(models) > 1:
+        chooser = page.get_by_role("combobox", name="Models")
+        chooser.click()
+        chooser.press_sequentially(models[-1])
+        chooser.press("Enter")
+        chooser.press("Escape")
+        settle(page)
+        kept = sum(1 for m in members if m["model"] == models[-1])
+        expect(page.get_by_text(re.compile(rf"^{kept} of {total} failing instances"))).to_be_visible()
+    search = page.get_by_role("textbox", name="Search")
+    search.fill("no such text anywhere")
+    search.press("Enter")
+    settle(page)
+    expect(page.get_by_text(re.compile(rf"^0 of {total} failing instances"))).to_be_visible()
+    expect(page.get_by_role("combobox", name="Trajectory of instance")).to_have_count(0)
+    search.fill("")
+    search.press("Enter")
+    settle(page)
+    rows = [m for m in members if len(models) < 2 or m["model"] == models[-1]]
+    grid = page.locator('[data-testid="stDataFrame"]').last
+    pick = min(1, len(rows) - 1)
+    click_row(grid, pick)
+    expect(page.get_by_role("combobox", name="Trajectory of instance")).to_have_value(
+        re.compile("^" + re.escape(rows[pick]["instance_id"]) + " · "))
+    no_traceback(page)
+
+
+@pytest.fixture
+def smollm2_app(ecdysis_home: Path, tmp_path: Path) -> Iterator[str]:
+    log = tmp_path / "streamlit.log"
+    with streamlit_app(ecdysis_home, log, ECDYSIS_MODELS="smollm2") as url:
+        yield url
+    assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
+
+
+def test_the_demo_button_takes_the_embedded_model_to_proposals(smollm2_app: str, page: Page) -> None:
+    goto(page, smollm2_app)
+    expect(page.get_by_text(re.compile("no run of these models has finished on this machine yet"))).to_be_visible()
+    page.get_by_role("button", name="Run the demo").click()
+    expect(page.get_by_text("Demo started: its progress is below")).to_be_visible()
+    done = page.get_by_text(re.compile(r"^Last demo: run smollm2 \d+ s, diagnosis \d+ s; \d+ proposal"))
+    expect(done).to_be_visible(timeout=240_000)
+    no_traceback(page)
+    page.get_by_text("Review the proposals").click()
+    expect(page).to_have_url(re.compile("/review$"))
+    settle(page)
+    no_traceback(page)
+
+
+def test_two_runs_compare_instance_by_instance(app: str, page: Page, world: World) -> None:
+    from app import views
+    svc = open_service()
+    try:
+        runs = svc.runs()
+        a, b = views.comparable_pair(runs) or (runs[1].id, runs[0].id)
+        paired = views.pair_runs(svc.results(a), svc.results(b))
+        model_a, model_b = svc.get_run(a).model, svc.get_run(b).model
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    goto(page, app)
+    expect(page.get_by_role("combobox", name="A (before)")).to_have_value(re.compile("^" + re.escape(a)))
+    expect(page.get_by_role("combobox", name="B (after)")).to_have_value(re.compile("^" + re.escape(b)))
+    for outcome in views.PAIR_ORDER:
+        metric = page.locator('[data-testid="stMetric"]').filter(has_text=outcome)
+        expect(metric.first).to_contain_text(str(paired.count(outcome)))
+    if model_a != model_b:
+        expect(page.get_by_text(re.compile(f"What differs: model {model_a} → {model_b}"))).to_be_visible()
+    no_traceback(page)
+
+
+def test_next_pending_goes_to_another_proposal_by_button_and_by_alt_n(app: str, page: Page, world: World) -> None:
+    svc = open_service()
+    try:
+        second_proposal(svc, world)
+        assert len(svc.proposals(status="pending")) >= 2
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    goto(page, f"{app}/review")
+    box = page.get_by_role("combobox", name="Proposal", exact=True)
+    first = box.input_value()
+    page.get_by_role("button", name=re.compile(r"Next pending \(\d+\)")).click()
+    expect(box).not_to_have_value(first)
+    settle(page)
+    second = box.input_value()
+    page.keyboard.press("Alt+n")
+    expect(box).not_to_have_value(second)
     no_traceback(page)

@@ -792,6 +792,31 @@ def test_results_filter_by_outcome_category_and_text(world: World, svc: Service)
     assert views.filter_results(results, text="no reply says this \u2603") == []
 
 
+def test_cluster_members_filter_by_model_failure_type_and_text(world: World, svc: Service) -> None:
+    report = svc.get_diagnosis(world.diagnosis_id).report
+    cluster = max(report["clusters"], key=lambda c: len({m["model"] for m in c["members"]}))
+    rows = views.member_rows(cluster)
+    model = rows[0]["model"]
+    assert {r["model"] for r in views.filter_members(rows, models=[model])} == {model}
+    kind = rows[-1]["failure"]
+    assert {r["failure"] for r in views.filter_members(rows, failures=[kind])} == {kind}
+    assert rows[0] in views.filter_members(rows, text=rows[0]["instance"].upper())
+    assert views.filter_members(rows, text="no evidence says this \u2603") == []
+    # On the page: the filters narrow the table, its count says so, and the trajectory box offers
+    # only what is shown.
+    at = open_page("2_clusters")
+    by_label(at.selectbox, "Cluster").set_value(cluster["id"]).run()
+    by_label(at.multiselect, "Models").set_value([model]).run()
+    assert_clean(at)
+    kept = views.filter_members(rows, models=[model])
+    shown = f"{len(kept)} of {len(rows)}" if len(kept) < len(rows) else str(len(rows))
+    assert f"{shown} failing instance" in texts(at)
+    assert len(by_label(at.selectbox, "Trajectory of instance").options) == len(kept)
+    by_label(at.text_input, "Search").set_value("no evidence says this").run()
+    assert f"0 of {len(rows)} failing instances" in texts(at)
+    assert not [s for s in at.selectbox if s.label == "Trajectory of instance"]
+
+
 def test_the_runs_page_offers_a_jsonl_import_with_a_usable_default_name(world: World) -> None:
     from app.suite_import import default_name
     at = open_page("1_runs")
