@@ -171,7 +171,7 @@ def open_clusters(page: Page, url: str) -> None:
     shot(page, "04_clusters")
     scroll_to(page, "Cluster × model")
     shot(page, "05_clusters_charts")
-    scroll_to(page, "failing instance(s)")
+    scroll_to(page, "click a row for its trajectory")
     shot(page, "06_clusters_drilldown")
     goto(page, f"{url}/diagnoses")
     no_traceback(page)
