@@ -26,7 +26,7 @@ import pytest
 
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Locator, Page, expect, sync_playwright  # noqa: E402
-from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, settle, streamlit_app  # noqa: E402
+from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, app_url, settle, streamlit_app  # noqa: E402,F401
 from test_app_pages import (World, open_service, register_models, second_proposal, world,  # noqa: E402,F401
                             world_template)
 
@@ -211,14 +211,19 @@ def test_a_jsonl_suite_uploads_and_a_bad_one_is_refused_naming_its_line(app: str
         svc.store.close()  # type: ignore[attr-defined]
 
 
-def test_results_filter_as_you_type_and_export_buttons_are_there(app: str, page: Page, world: World) -> None:
+def shown_run(page: Page, app: str) -> tuple[str, list]:
+    """The run the Runs page shows first, and its stored results."""
     goto(page, app)
     shown = page.get_by_role("combobox", name="Run", exact=True).input_value().split(" · ")[0]
     svc = open_service()
     try:
-        results = svc.results(shown)
+        return shown, svc.results(shown)
     finally:
         svc.store.close()  # type: ignore[attr-defined]
+
+
+def test_results_filter_as_you_type_and_export_buttons_are_there(app: str, page: Page, world: World) -> None:
+    shown, results = shown_run(page, app)
     assert shown in world.run_ids and results
     failed = sum(1 for r in results if not r.correct)
     page.locator('[data-testid="stButtonGroup"]').get_by_text("failed", exact=True).click()
@@ -252,13 +257,7 @@ def choose(page: Page, box_name: str, option_start: str) -> None:
 
 
 def test_a_row_click_opens_its_trajectory_and_a_later_choice_stands(app: str, page: Page, world: World) -> None:
-    goto(page, app)
-    shown = page.get_by_role("combobox", name="Run", exact=True).input_value().split(" · ")[0]
-    svc = open_service()
-    try:
-        results = svc.results(shown)
-    finally:
-        svc.store.close()  # type: ignore[attr-defined]
+    shown, results = shown_run(page, app)
     assert len(results) >= 4
     trajectory = page.get_by_role("combobox", name="Trajectory of instance")
     first = trajectory.input_value()
@@ -318,16 +317,8 @@ def test_cluster_members_filter_by_model_and_failure_type_and_a_row_opens_its_tr
     no_traceback(page)
 
 
-@pytest.fixture
-def smollm2_app(ecdysis_home: Path, tmp_path: Path) -> Iterator[str]:
-    log = tmp_path / "streamlit.log"
-    with streamlit_app(ecdysis_home, log, ECDYSIS_MODELS="smollm2") as url:
-        yield url
-    assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
-
-
-def test_the_demo_button_takes_the_embedded_model_to_proposals(smollm2_app: str, page: Page) -> None:
-    goto(page, smollm2_app)
+def test_the_demo_button_takes_the_embedded_model_to_proposals(app_url: str, page: Page) -> None:
+    goto(page, app_url)  # the app on SmolLM2 alone (test_app_e2e's fixture)
     expect(page.get_by_text(re.compile("no run of these models has finished on this machine yet"))).to_be_visible()
     page.get_by_role("button", name="Run the demo").click()
     expect(page.get_by_text("Demo started: its progress is below")).to_be_visible()
