@@ -5,7 +5,10 @@ that failure's trajectory; a JSONL suite uploads (a bad one is refused naming it
 results filter by outcome and text as they are chosen and typed, next to the export buttons; a
 click on a results row opens its trajectory, and a choice made afterwards in the box stands; a
 cluster's failing instances filter by model, failure type and text, and a row click opens one; the
-demo button takes the embedded SmolLM2 through a batch and a diagnosis to the Review page.
+demo button takes the embedded SmolLM2 through a batch and a diagnosis to the Review page; the
+Evolution page shows each gate with the paired counts the engine stored and the rule with its
+thresholds; typing part of a BIG-bench task's name in the Suite box finds it (with its size and
+answer form) and a batch on it runs that task.
 
 The world is `test_app_pages`'s: the scripted models "alpha" and "beta" ran the starter harness on
 10 reasoning-mix instances and the heuristic roles diagnosed the batch. The app runs as
@@ -30,7 +33,7 @@ from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, app_url, settle, streamlit_app
 from test_app_pages import (World, open_service, register_models, second_proposal, world,  # noqa: E402,F401
                             world_template)
 
-from ecdysis.service import RunRequest  # noqa: E402
+from ecdysis.service import RunRequest, Service  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -368,4 +371,98 @@ def test_next_pending_goes_to_another_proposal_by_button_and_by_alt_n(app: str, 
     second = box.input_value()
     page.keyboard.press("Alt+n")
     expect(box).not_to_have_value(second)
+    no_traceback(page)
+
+
+def _evolve(svc: "Service", strategy: str) -> str:
+    from ecdysis.evolve import EvolveConfig, Evolver
+    config = EvolveConfig(suite="reasoning-mix", models=["alpha", "beta"], strategy=strategy, iterations=1,
+                          batch_size=10, val_limit=10, test_limit=6, auto_approve=True, gate_min_net=1,
+                          gate_k=0.5, charge_cached=True, label=f"gate-{strategy}")
+    evolver = Evolver(svc)  # type: ignore[arg-type]
+    return evolver.run(evolver.create(config).id).id
+
+
+def test_the_evolution_page_shows_each_gate_and_says_what_the_numbers_say(app: str, page: Page, world: World) -> None:
+    """Two finished one-iteration evolutions (scripted models, same settings): the watched one
+    reads 'done' (never 'iteration 2/1'), states the rule with the thresholds it was started
+    with, and lists its gates with the paired counts the engine stored; a zero change shows no
+    arrow; the comparison tab states speedup and delta without a '1.00×'."""
+    from app import views
+    svc = open_service()
+    try:
+        ecd, per = _evolve(svc, "ecdysis"), _evolve(svc, "per-instance")
+        watched = svc.get_evolution(ecd)
+        gates = views.gate_rows(watched, svc.harnesses())
+        stats = views.strategy_stats(watched)
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    assert watched.status == "done" and gates, "the scripted evolution has at least one gate row"
+    goto(page, f"{app}/evolution")
+    choose(page, "Evolution", ecd)
+    settle(page)
+    expect(page.get_by_text(re.compile(r"status done"))).to_be_visible()
+    expect(page.get_by_text("iteration 2/1")).to_have_count(0)
+    expect(page.get_by_text("The gate, iteration by iteration")).to_be_visible()
+    rule = page.get_by_text(re.compile(r"^A candidate is kept when"))
+    expect(rule).to_contain_text("net ≥ 1 and net > 0.5·√(wins+losses)")
+    # The canvas grid keeps a (hidden) accessible table of its cells: the gate table is the one
+    # with a "paired instances" column.
+    table = page.locator('[data-testid="stDataFrame"]').filter(
+        has=page.locator("th", has_text=re.compile("^paired instances$")))
+    expect(table).to_have_count(1)
+    table.scroll_into_view_if_needed()
+    rows = table.locator("tbody tr")
+    expect(rows).to_have_count(len(gates))
+    for i, gate in enumerate(gates):
+        texts = [c.strip() for c in rows.nth(i).locator("td").all_text_contents()]
+        assert gate.outcome in texts, (texts, gate)
+        if gate.wins is not None:
+            assert str(gate.wins) in texts and str(gate.losses) in texts and str(gate.paired) in texts, (texts, gate)
+    delta = views.points_delta(stats.test_accuracy, stats.base_test_accuracy)
+    metric = page.locator('[data-testid="stMetric"]').filter(has_text="test (sealed)")
+    arrows = metric.locator('[data-testid="stMetricDelta"] svg')
+    expect(arrows).to_have_count(1 if delta and delta.moved else 0)
+    page.get_by_role("tab", name="Compare strategies").click()
+    settle(page)
+    expect(page.get_by_text("Training time: ecdysis", exact=False)).to_be_visible()
+    expect(page.get_by_text("1.00×", exact=False)).to_have_count(0)
+    assert page.locator('[data-testid="stPlotlyChart"]').count() >= 2
+    no_traceback(page)
+
+
+def test_the_suite_box_finds_a_bigbench_task_by_typing_and_runs_it(app_url: str, page: Page) -> None:
+    """Every fetched BIG-bench task is in the Suite box with its size and answer form; typing
+    part of a name finds it, and a batch started on it runs that task."""
+    from ecdysis.suites import bigbench_catalogue
+    rows = {r["name"]: r for r in bigbench_catalogue() if "error" not in r}
+    if not rows:
+        pytest.skip("no BIG-bench task is fetched (scripts/setup.sh fetches them)")
+    name = "bigbench:navigate" if "bigbench:navigate" in rows else sorted(rows)[0]
+    goto(page, app_url)
+    box = page.get_by_role("combobox", name="Suite")
+    box.click()
+    box.press_sequentially(name.split(":", 1)[1][:6])
+    option = page.get_by_role("option").filter(has_text=re.compile("^" + re.escape(name) + r" \("))
+    expect(option.first).to_be_visible()
+    label = option.first.inner_text()
+    size = rows[name]["size"]
+    assert re.search(rf"\({size:,} instances?, ", label) or f"({size} instance" in label, label
+    kinds = {str(f.get("kind")) for f in (rows[name].get("answer_forms") or {}).values()}
+    assert kinds and all(k in label for k in kinds), (label, kinds)
+    option.first.click()
+    expect(box).to_have_value(re.compile("^" + re.escape(name) + " "))
+    page.get_by_role("spinbutton", name="Batch size").fill("2")
+    page.get_by_role("button", name="Start batch").click()
+    expect(page.get_by_role("combobox", name="Run", exact=True)).to_have_value(re.compile(r"bigbench:"), timeout=60_000)
+    svc = open_service()
+    try:
+        deadline = time.time() + 300
+        while not any(r.suite == name and r.status == "done" for r in svc.runs()):
+            assert time.time() < deadline, "the BIG-bench batch did not finish"
+            time.sleep(1.0)
+        run = next(r for r in svc.runs() if r.suite == name)
+        assert len(svc.results(run.id)) == 2
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
     no_traceback(page)
