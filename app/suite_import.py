@@ -8,6 +8,7 @@ import re
 import streamlit as st
 
 from app import components as ui
+from app import views
 from app.guard import error_text
 from ecdysis.errors import EcdysisError
 from ecdysis.service import Service
@@ -41,8 +42,9 @@ def upload(svc: Service) -> None:
                 suite = svc.import_suite(file.getvalue(), name=name, filename=file.name, replace=replace)
                 kinds = sorted({f.kind for f in suite_forms(svc.suite(suite.name).instances).values()})
                 st.session_state["_suite:outcome"] = (
-                    "ok", f"Imported {ui.md(suite.name)}: {len(suite.instances)} instances in "
-                          f"{len(suite.categories)} categories, answers: {ui.md(', '.join(kinds))}. "
+                    "ok", f"Imported {ui.md(suite.name)}: {views.count(len(suite.instances), 'instance')} in "
+                          f"{views.count(len(suite.categories), 'category', 'categories')}, "
+                          f"answers: {ui.md(', '.join(kinds))}. "
                           f"It is now in the suite lists.")
             except EcdysisError as exc:
                 st.session_state["_suite:outcome"] = ("error", f"{ui.md(file.name)} was refused: "

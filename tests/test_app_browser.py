@@ -200,7 +200,7 @@ def test_a_jsonl_suite_uploads_and_a_bad_one_is_refused_naming_its_line(app: str
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(good))
     expect(page.get_by_label("Suite name")).to_have_value("parity")
     page.get_by_role("button", name="Import suite").click()
-    expect(page.get_by_text(re.compile(r"Imported parity: 8 instances in 1 categories, answers: yes_no"))).to_be_visible()
+    expect(page.get_by_text(re.compile(r"Imported parity: 8 instances in 1 category, answers: yes_no"))).to_be_visible()
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(bad))
     settle(page)
     expect(page.get_by_label("Suite name")).to_have_value("broken")
@@ -255,7 +255,9 @@ def click_row(grid: Locator, row: int) -> None:
 
 
 def choose(page: Page, box_name: str, option_start: str) -> None:
-    page.get_by_role("combobox", name=box_name).click()
+    box = page.get_by_role("combobox", name=box_name)
+    box.click()
+    box.press_sequentially(option_start.strip(" ·"))  # a long list shows only what matches
     page.get_by_role("option").filter(has_text=re.compile("^" + re.escape(option_start))).first.click()
 
 
@@ -466,3 +468,161 @@ def test_the_suite_box_finds_a_bigbench_task_by_typing_and_runs_it(app_url: str,
     finally:
         svc.store.close()  # type: ignore[attr-defined]
     no_traceback(page)
+
+
+def test_an_edit_saved_in_review_is_the_patch_shown_and_the_version_applied(app: str, page: Page, world: World) -> None:
+    goto(page, f"{app}/review")
+    page.get_by_text("Edit the patched files").click()
+    editor = page.locator("textarea").first
+    editor.click()
+    editor.press("Control+End")
+    editor.type("\n# reviewer: keep this line\n")
+    editor.press("Control+Enter")
+    settle(page)
+    page.get_by_role("button", name="Save edit and approve it").click()
+    expect(page.get_by_text(re.compile(r"^Saved your edit of p\w+ and approved it"))).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^As edited by .* the files to apply"))).to_be_visible()
+    # "The patch" now shows the reviewer's line, not the Proposer's diff.
+    expect(page.get_by_text("# reviewer: keep this line").first).to_be_visible()
+    page.get_by_role("button", name="Apply — create the next harness version").click()
+    applied = page.get_by_text(re.compile(r"^Applied as harness version (\w+)"))
+    expect(applied).to_be_visible()
+    version = re.search(r"harness version (\w+)", applied.inner_text()).group(1)  # type: ignore[union-attr]
+    svc = open_service()
+    try:
+        files = svc.store.get_harness(version).files  # type: ignore[union-attr]
+        assert any("# reviewer: keep this line" in text for text in files.values())
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    no_traceback(page)
+
+
+def test_stopped_runs_say_how_much_was_scored_and_no_cell_reads_none(app: str, page: Page, world: World) -> None:
+    from dataclasses import replace
+    svc = open_service()
+    try:
+        nothing = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3))
+        svc.execute_run(nothing.id, cancelled=lambda: True)  # stopped before its first instance
+        half = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=4))
+        done = {r.instance_id: r for r in svc.results(world.run_ids[0])}
+        svc.store.save_results([replace(done[i], run_id=half.id) for i in half.instance_ids[:2]])
+        svc.execute_run(half.id, cancelled=lambda: True)  # two done, then stopped
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    goto(page, app)
+    runs = page.locator('[data-testid="stDataFrame"]').first
+    cells = {row.locator("td").first.text_content(): [c.strip() for c in row.locator("td").all_text_contents()]
+             for row in runs.locator("tbody tr").all()}
+    assert "—" in cells[nothing.id] and "0/3" in cells[nothing.id], cells[nothing.id]
+    assert "2/4" in cells[half.id] and any(c.endswith("of 2 scored") for c in cells[half.id]), cells[half.id]
+    assert not [c for row in cells.values() for c in row if c in ("None", "nan", "NaN")], cells
+    assert not [c for c in cells[nothing.id] if "%" in c], "nothing scored is no accuracy, not 0 %"
+    choose(page, "Run", half.id)
+    settle(page)
+    expect(page.locator('[data-testid="stMetric"]').filter(has_text="scored")).to_contain_text("2/4")
+    choose(page, "Run", nothing.id)
+    settle(page)
+    accuracy = page.locator('[data-testid="stMetric"]').filter(has_text="accuracy").first
+    expect(accuracy).to_contain_text("—")
+    no_traceback(page)
+
+
+def test_a_queued_batch_stopped_in_the_browser_is_cancelled_at_once(app_url: str, page: Page) -> None:
+    """Two long batches fill the app's two job slots on SmolLM2; a third waits, queued. Its Stop
+    cancels it at once (never 'queued · stopping…'), and it leaves no result."""
+    goto(page, app_url)
+    start = page.get_by_role("button", name="Start batch")
+    for _ in range(3):
+        if not start.is_visible():  # the form folds away once a run exists
+            page.get_by_text("Start a batch", exact=True).click()
+        page.get_by_role("spinbutton", name="Batch size").fill("60")
+        start.click()
+        settle(page)
+    queued = page.locator('[data-testid="stProgress"]').filter(has_text=re.compile(r"· queued"))
+    expect(queued).to_have_count(1, timeout=30_000)
+    job_id = re.search(r"batch (\w+) · queued", queued.inner_text()).group(1)  # type: ignore[union-attr]
+    page.locator(f'[class*="st-key-runs-stop-{job_id}"] button').first.click()  # the Stop beside that bar
+    expect(page.get_by_text(re.compile(rf"batch {job_id} · "))).to_have_count(0, timeout=15_000)
+    expect(page.get_by_text(re.compile(rf"^Batch {job_id} was stopped"))).to_be_visible()
+    svc = open_service()
+    try:
+        job = svc.job(job_id)
+        assert job.status == "cancelled", job.status
+        assert not svc.results(job.params["run_id"])
+        for other in svc.recent_jobs(limit=10):
+            if other.status in ("queued", "running"):
+                svc.cancel_job(other.id)
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    no_traceback(page)
+
+
+def test_clusters_page_while_a_first_diagnosis_runs_says_so(ecdysis_home: Path, page: Page, tmp_path: Path) -> None:
+    """A finished run and a diagnosis of it running (in another process): the page says a
+    diagnosis is running and where it is, never 'No diagnosis yet … press Cluster and diagnose'."""
+    from ecdysis.store import JobRecord
+    register_models()
+    svc = open_service()
+    try:
+        run_id = svc.run(RunRequest(suite="reasoning-mix", model="alpha", limit=3)).run_id
+        now = time.time()
+        svc.store.create_job(JobRecord(id="jdiag", kind="diagnose", params={"run_ids": [run_id]}, status="running",
+                                       total=1, message="clustering failures", created_at=now, updated_at=now))
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    with streamlit_app(ecdysis_home, tmp_path / "streamlit.log") as url:
+        goto(page, f"{url}/clusters")
+        expect(page.get_by_text("A diagnosis is running.")).to_be_visible()
+        expect(page.get_by_text("clustering failures", exact=False).first).to_be_visible()
+        expect(page.get_by_text("No diagnosis yet", exact=False)).to_have_count(0)
+        expect(page.get_by_text("press Cluster and diagnose", exact=False)).to_have_count(0)
+        no_traceback(page)
+
+
+def test_cluster_charts_with_one_model_have_a_legend_whole_ticks_and_no_verdict_colour(
+        app: str, page: Page, world: World) -> None:
+    from app.charts import VERDICT_COLORS
+    svc = open_service()
+    try:
+        one = svc.diagnose([world.run_ids[0]])
+        model = svc.get_run(world.run_ids[0]).model
+    finally:
+        svc.store.close()  # type: ignore[attr-defined]
+    goto(page, f"{app}/clusters")
+    choose(page, "Diagnosis", one.id)
+    settle(page)
+    chart = page.locator('[data-testid="stPlotlyChart"]').filter(has_text="Cluster × model")
+    chart.scroll_into_view_if_needed()
+    expect(chart).to_contain_text("no cross-model evidence")
+    expect(chart.locator("g.legend")).to_contain_text(model)
+    fills = {p.get_attribute("style") or "" for p in chart.locator("g.point path").all()}
+    assert fills and not [f for f in fills for c in VERDICT_COLORS.values() if _rgb(c) in f.replace(" ", "")], fills
+    sizes = page.locator('[data-testid="stPlotlyChart"]').filter(has_text="Cluster sizes by verdict")
+    ticks = [t.strip() for t in sizes.locator("g.xtick text").all_text_contents()]
+    assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks
+    body = page.locator("body").inner_text()
+    assert not re.findall(r"\b1 (?:failures|categories|instances|clusters|runs)\b", body)
+    no_traceback(page)
+
+
+def _rgb(hex_colour: str) -> str:
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r},{g},{b})"
+
+
+def test_a_diagnosis_downloads_as_csv_and_json(app: str, page: Page, world: World, tmp_path: Path) -> None:
+    import csv
+    import json
+    goto(page, f"{app}/diagnoses")
+    with page.expect_download() as got:
+        page.get_by_role("button", name="Diagnosis as JSON").click()
+    target = tmp_path / got.value.suggested_filename
+    got.value.save_as(target)
+    report = json.loads(target.read_text())
+    assert report["clusters"] and all(c["members"] for c in report["clusters"])
+    with page.expect_download() as got:
+        page.get_by_role("button", name="Clusters as CSV").click()
+    target = tmp_path / got.value.suggested_filename
+    got.value.save_as(target)
+    rows = list(csv.DictReader(target.open()))
+    assert {r["cluster"] for r in rows} == {c["id"] for c in report["clusters"]}, rows[:2]
