@@ -581,14 +581,25 @@ def _label(type_: str, members: Sequence[Failure]) -> str:
 def evidence_key(f: Failure) -> str:
     """What a failure of a text-free type has in common with others of its kind."""
     if f.type == "truncated":
-        return f"cut at max_tokens={f.detail.get('max_tokens') or '?'}"
+        return f"cut at max_tokens={f.detail.get('max_tokens') or '?'}" + _mechanism_text(f)
     if f.type == "empty_output":
-        return "empty answer"
+        return "empty answer" + _mechanism_text(f)
     if f.type in MECHANISM_TYPES:
         # Above the wording: the mechanism is whether a well-formed answer was there to extract.
         return ("a well-formed answer is in the reply" if f.detail.get("shape_in_reply")
                 else "no well-formed answer in the reply")
     return f.signature
+
+
+def _mechanism_text(f: Failure) -> str:
+    mechanism = f.detail.get("mechanism")
+    return f", {mechanism}" if mechanism else ""
+
+
+# Text-free types whose replies still say how they went wrong (`failures.reply_mechanism`): each
+# mechanism is its own cluster, so one model's echo of the prompt is not lumped with another's
+# reasoning cut off at the same limit.
+MECHANISM_SPLIT: frozenset[str] = frozenset({"truncated", "empty_output"})
 
 
 def _key_share(members: Sequence[Failure]) -> float:
@@ -624,9 +635,10 @@ def _cluster_type(type_: str, failures: Sequence[Failure], policy: ClusteringPol
     counts = np.bincount([row[f.signature] for f in failures], minlength=len(distinct))
     type_only = type_ in getattr(policy, "type_only", frozenset())
     labels = np.zeros(len(distinct), dtype=int) if type_only else policy.labels(matrix, counts)
-    groups: dict[int, list[Failure]] = defaultdict(list)
+    groups: dict[Any, list[Failure]] = defaultdict(list)
+    by_mechanism = type_only and type_ in MECHANISM_SPLIT and not isinstance(policy, _TypeOnly)
     for f in failures:
-        groups[int(labels[row[f.signature]])].append(f)
+        groups[evidence_key(f) if by_mechanism else int(labels[row[f.signature]])].append(f)
     vocabulary = vectorizer.get_feature_names_out()
     out: list[_Group] = []
     for _, members in sorted(groups.items()):

@@ -214,6 +214,38 @@ def prompt_omissions(result: InstanceResult, instance: Instance) -> list[str]:
     return missing
 
 
+ECHO_SHARE = 0.6   # of a reply's word trigrams found in the task's own text: the reply echoes it
+REPEATS = 3        # the same line (or 6-word phrase) this many times: the reply loops
+
+
+def reply_mechanism(raw: str, instance: Instance) -> str:
+    """How a reply that yields no answer goes wrong, read from its text alone: 'blank reply',
+    'echoes the task' (most of its word trigrams are the task's input or options, copied back),
+    'repeats itself' (one line or phrase over and over), else 'prose without an answer' (writing,
+    reasoning or not, that stops before an answer). Two models cut at the same token limit for
+    these different reasons need different repairs, so they are different clusters."""
+    words = [w.lower() for w in _TOKEN.findall(raw)]
+    if not words:
+        return "blank reply"
+    source = [w.lower() for w in _TOKEN.findall(" ".join([instance.input, *(instance.choices or ())]))]
+    trigrams = list(zip(words, words[1:], words[2:]))
+    known = set(zip(source, source[1:], source[2:]))
+    if trigrams and sum(t in known for t in trigrams) / len(trigrams) >= ECHO_SHARE:
+        return "echoes the task"
+    lines = [" ".join(line.split()).lower() for line in raw.splitlines() if len(line.strip()) >= 8]
+    phrases = [tuple(words[i:i + 6]) for i in range(0, max(0, len(words) - 5))]
+    if any(n >= REPEATS for n in _counts(lines).values()) or any(n >= REPEATS for n in _counts(phrases).values()):
+        return "repeats itself"
+    return "prose without an answer"
+
+
+def _counts(items: Sequence[Any]) -> dict[Any, int]:
+    out: dict[Any, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
+
+
 def _clip(text: str, limit: int = 80) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
@@ -293,6 +325,8 @@ def _answer_evidence(result: InstanceResult, instance: Instance, kind: FailureTy
         "answer_words": len(answer.split()),
         "prompt_omits": prompt_omissions(result, instance),
     }
+    if kind in ("truncated", "empty_output"):
+        detail["mechanism"] = reply_mechanism(raw, instance)
     if kind == "wrong_answer":
         excerpt = f"answered {_clip(answer, 60)!r}, expected {_clip(instance.target, 60)!r}"
     elif kind == "empty_output":

@@ -181,3 +181,43 @@ def test_the_recoverability_probe_matches_whole_words_only() -> None:
                        target=target, shape="text", raw_output=raw)
     assert _recoverable([wrong("8", "It costs $288."), wrong("plausible", "The statement is implausible.")]) == 0.0
     assert _recoverable([wrong("8", "Maybe 7, or 8."), wrong("plausible", "Plausible, I think.")]) == 1.0
+
+
+def test_replies_cut_at_the_same_limit_split_by_mechanism() -> None:
+    """Two models cut at the same token limit on the same instances, one while reasoning and one
+    while copying the question back: two clusters, each named by its mechanism, not one
+    'truncated' cluster that mixes them."""
+    from ecdysis.records import InstanceResult, ModelCall
+    from ecdysis.runner import pick_instances
+    from ecdysis.suites import load_suite
+    suite = load_suite("reasoning-mix")
+    chosen = pick_instances(suite, "train", 10)
+    prose = "Let me think this through carefully, one step at a time, before I commit to anything final"
+    results = []
+    for inst in chosen:
+        for model, text in (("alpha", prose), ("beta", inst.input)):
+            call = ModelCall(seq=0, model=model, request={"max_tokens": 24}, text=text, prompt_tokens=60,
+                             completion_tokens=24, latency_s=0.1, finish_reason="length", cache_hit=False)
+            results.append(InstanceResult(run_id=f"r-{model}", instance_id=inst.id, category=inst.category,
+                                          model=model, answer="", target=inst.target, correct=False, score=0.0,
+                                          calls=[call]))
+    failures = extract_failures(results, {i.id: i for i in chosen}, suite=suite.name, harness_version="h")
+    assert {f.type for f in failures} == {"truncated"}
+    assert {f.model: f.detail["mechanism"] for f in failures} == {"alpha": "prose without an answer",
+                                                                  "beta": "echoes the task"}
+    clusters = aggregate(failures, BatchContext.build([(suite.name, r) for r in results], failures))
+    assert sorted((tuple(c.models), c.size) for c in clusters) == [(("alpha",), 10), (("beta",), 10)]
+    labels = {next(iter(c.models)): c.label for c in clusters}
+    assert "echoes the task" in labels["beta"] and "prose without an answer" in labels["alpha"]
+
+
+def test_reply_mechanisms_read_from_the_text() -> None:
+    from ecdysis.failures import reply_mechanism
+    from ecdysis.records import Instance
+    inst = Instance(id="i", input="Which city is the capital of France, Paris or Lyon?", target="Paris",
+                    choices=("Paris", "Lyon"))
+    assert reply_mechanism("", inst) == "blank reply"
+    assert reply_mechanism("Which city is the capital of France, Paris or Lyon? Which city is", inst) == "echoes the task"
+    assert reply_mechanism("I need to check.\nI need to check.\nI need to check.\nI need", inst) == "repeats itself"
+    assert reply_mechanism("France has many cities; its government sits in the north, so", inst) == \
+        "prose without an answer"
