@@ -215,12 +215,19 @@ def trajectory(result: InstanceResult) -> None:
         with st.container(border=True):
             cache = " · cache hit" if call.cache_hit else ""
             tokens = f"{call.prompt_tokens}+{call.completion_tokens} tokens"
+            options = [str(o) for o in call.request.get("options") or []]
+            doing = "scoring options" if options else "generating"
             st.caption(f"call {call.seq + 1} · {md(call.model)} · {tokens} · "
-                       f"{call.latency_s:.2f} s {'to read the cache' if call.cache_hit else 'generating'} · "
+                       f"{call.latency_s:.2f} s {'to read the cache' if call.cache_hit else doing} · "
                        f"finish: {md(call.finish_reason)}{cache}")
             for m in call.request.get("messages", []):
                 _message(str(m.get("role", "user")), str(m.get("content", "")))
-            _message("assistant", call.text)
+            if options:
+                st.caption("Scored, not generated: each option's log-probability as the reply")
+                st.dataframe(views.option_rows(options, call.option_logprobs), hide_index=True,
+                             width="stretch", key=f"options:{result.run_id}:{result.instance_id}:{call.seq}")
+            else:
+                _message("assistant", call.text)
             if call.error:
                 st.error(md(call.error), icon=":material/error:")
 

@@ -39,6 +39,13 @@ def forms_text(suite_row: dict[str, Any]) -> str:
     return f", answers: {', '.join(kinds)}" if kinds else ""
 
 
+def option_rows(options: Sequence[str], logprobs: Sequence[float] | None) -> list[dict[str, Any]]:
+    """A scoring call's options with their log-probabilities ("—" where the call failed)."""
+    scores = list(logprobs or [])
+    return [{"option": o, "log-probability": f"{scores[i]:.3f}" if i < len(scores) else "—"}
+            for i, o in enumerate(options)]
+
+
 # ---------------------------------------------------------------- exports
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

@@ -12,8 +12,10 @@ A harness is a folder with `harness.toml`, prompt templates and `harness.py`, wh
 
 `task` has `input`, `choices` (list or None), `category`, `fields`; never the target or the id.
 `model.generate(messages, temperature=, max_tokens=, stop=, seed=)` returns a `Reply` with
-`.text`, `.finish_reason` ("stop" or "length") and token counts. Return the final answer as a
-string, or a dict with an "answer" key.
+`.text`, `.finish_reason` ("stop" or "length") and token counts. `model.score(messages, options)`
+returns `Scores`: how likely the model finds each option as its whole reply, without generating
+(embedded models; elsewhere it raises `ModelCallError`, and a harness generates instead). Return
+the final answer as a string, or a dict with an "answer" key.
 """
 
 from __future__ import annotations
@@ -60,6 +62,26 @@ class Reply:
     finish_reason: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+
+@dataclass
+class Scores:
+    """What `model.score(messages, options)` returns: `logprobs[i]` is option i's log-probability
+    as the whole reply to `messages` (natural log, summed over its tokens), `tokens[i]` its length
+    in tokens. `best` is the option with the highest log-probability per token (ties: the first)."""
+
+    options: list[str]
+    logprobs: list[float]
+    tokens: list[int]
+
+    @property
+    def per_token(self) -> list[float]:
+        return [lp / max(1, n) for lp, n in zip(self.logprobs, self.tokens)]
+
+    @property
+    def best(self) -> str:
+        means = self.per_token
+        return self.options[max(range(len(means)), key=means.__getitem__)] if means else ""
 
 
 class Harness:
@@ -163,22 +185,41 @@ class _PipeModel:
 
     def generate(self, messages: list[dict[str, str]], *, temperature: float = 0.0,
                  max_tokens: int = 256, stop: list[str] | None = None, seed: int = 0) -> Reply:
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        _send(self._out, {"op": "generate", "request": {
-            "messages": [{"role": str(m.get("role", "user")), "content": str(m.get("content", ""))}
-                         for m in messages],
-            "temperature": float(temperature), "max_tokens": int(max_tokens),
-            "stop": list(stop or []), "seed": int(seed)}})
+        reply = self._call({"messages": _messages(messages), "temperature": float(temperature),
+                            "max_tokens": int(max_tokens), "stop": list(stop or []), "seed": int(seed)})
+        return Reply(text=reply.get("text", ""), finish_reason=reply.get("finish_reason", "stop"),
+                     prompt_tokens=reply.get("prompt_tokens", 0),
+                     completion_tokens=reply.get("completion_tokens", 0))
+
+    def score(self, messages: list[dict[str, str]], options: list[str]) -> Scores:
+        """How likely the model finds each option as its whole reply to `messages`, without
+        generating. Raises ModelCallError where the backend cannot score (remote chat APIs give no
+        log-probabilities of a given text): a harness then generates instead."""
+        if not isinstance(options, (list, tuple)) or not all(isinstance(o, str) for o in options):
+            raise TypeError("options must be a list of strings")
+        reply = self._call({"messages": _messages(messages), "options": list(options)})
+        logprobs, tokens = reply.get("option_logprobs"), reply.get("option_tokens")
+        if not isinstance(logprobs, list) or len(logprobs) != len(options):
+            raise ModelCallError("the engine returned no scores for the options")
+        if not isinstance(tokens, list) or len(tokens) != len(options):
+            tokens = [1] * len(options)
+        return Scores(list(options), [float(x) for x in logprobs], [int(n) for n in tokens])
+
+    def _call(self, request: dict[str, Any]) -> dict[str, Any]:
+        _send(self._out, {"op": "generate", "request": request})
         line = self._in.readline()
         if not line:
             raise ModelCallError("engine closed the pipe")
         reply = json.loads(line)
         if reply.get("op") == "model_error":
             raise ModelCallError(reply.get("message", "model call failed"))
-        return Reply(text=reply.get("text", ""), finish_reason=reply.get("finish_reason", "stop"),
-                     prompt_tokens=reply.get("prompt_tokens", 0),
-                     completion_tokens=reply.get("completion_tokens", 0))
+        return dict(reply)
+
+
+def _messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
+    return [{"role": str(m.get("role", "user")), "content": str(m.get("content", ""))} for m in messages]
 
 
 OUTPUT_MARK = "\x00ecdysis-end\x00"
@@ -551,6 +592,10 @@ class _HttpModel:
                      finish_reason=choice.get("finish_reason") or "stop",
                      prompt_tokens=usage.get("prompt_tokens", 0),
                      completion_tokens=usage.get("completion_tokens", 0))
+
+
+    def score(self, messages: list[dict[str, str]], options: list[str]) -> Scores:
+        raise ModelCallError("an OpenAI-compatible chat endpoint gives no log-probabilities of a given reply")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,8 +74,10 @@ class Suite:
 class CompletionRequest:
     """Messages in; the cache key covers everything that can change the text out. `json_schema`
     (canonical JSON text, empty for free text) asks the backend for output of that shape with its
-    native structured-output feature; it enters the cache key only when set, so free-text keys
-    stay what they were."""
+    native structured-output feature. `options`, when given, asks for no text at all: the backend
+    scores each option as the assistant's reply (its log-probability given the messages), and the
+    completion carries the scores. Each enters the cache key only when set, so plain keys stay
+    what they were."""
 
     messages: tuple[tuple[str, str], ...]
     temperature: float = 0.0
@@ -83,16 +85,19 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     seed: int = 0
     json_schema: str = ""
+    options: tuple[str, ...] = ()
 
     @staticmethod
     def make(messages: list[dict[str, str]], *, temperature: float = 0.0, max_tokens: int = 256,
              stop: list[str] | tuple[str, ...] | None = None, seed: int = 0,
-             json_schema: dict[str, Any] | None = None) -> "CompletionRequest":
+             json_schema: dict[str, Any] | None = None,
+             options: list[str] | tuple[str, ...] | None = None) -> "CompletionRequest":
         return CompletionRequest(
             messages=tuple((str(m["role"]), str(m["content"])) for m in messages),
             temperature=float(temperature), max_tokens=int(max_tokens),
             stop=tuple(stop or ()), seed=int(seed),
-            json_schema=json.dumps(json_schema, sort_keys=True, ensure_ascii=False) if json_schema else "")
+            json_schema=json.dumps(json_schema, sort_keys=True, ensure_ascii=False) if json_schema else "",
+            options=checked_options(options))
 
     def message_dicts(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages]
@@ -105,11 +110,36 @@ class CompletionRequest:
                                "max_tokens": self.max_tokens, "stop": list(self.stop), "seed": self.seed}
         if self.json_schema:
             out["json_schema"] = self.schema()
+        if self.options:
+            out["options"] = list(self.options)
         return out
 
     def cache_key(self, model_id: str) -> str:
         blob = json.dumps({"model": model_id, **self.to_json()}, sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+MAX_OPTIONS = 64         # options one scoring call may weigh
+MAX_OPTION_CHARS = 2000  # characters of one option
+
+
+def checked_options(options: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The options of a scoring request, refused with a ValueError unless they are 1 to
+    MAX_OPTIONS distinct non-empty strings of at most MAX_OPTION_CHARS characters."""
+    if not options:
+        return ()
+    if isinstance(options, str) or not all(isinstance(o, str) for o in options):
+        raise ValueError("options must be a list of strings")
+    out = tuple(options)
+    if len(out) > MAX_OPTIONS:
+        raise ValueError(f"{len(out)} options; a scoring call takes at most {MAX_OPTIONS}")
+    if any(not o.strip() for o in out):
+        raise ValueError("an option is empty")
+    if any(len(o) > MAX_OPTION_CHARS for o in out):
+        raise ValueError(f"an option is longer than {MAX_OPTION_CHARS} characters")
+    if len(set(out)) != len(out):
+        raise ValueError("the options are not distinct")
+    return out
 
 
 @dataclass
@@ -122,6 +152,10 @@ class Completion:
     cache_hit: bool = False
     # On a cache hit, the latency the call took when it was made (latency_s is then the lookup's).
     recorded_latency_s: float = 0.0
+    # A scoring call's answer: each option's log-probability as the reply (natural log, summed over
+    # its tokens) and its length in tokens; `text` is then the option with the highest mean.
+    option_logprobs: list[float] | None = None
+    option_tokens: list[int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -141,6 +175,7 @@ class ModelCall:
     finish_reason: str
     cache_hit: bool
     error: str | None = None
+    option_logprobs: list[float] | None = None  # a scoring call's scores, one per requested option
 
 
 @dataclass

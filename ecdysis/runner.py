@@ -184,7 +184,7 @@ class InstanceRunner:
                 request = CompletionRequest.make(
                     list(req.get("messages") or []), temperature=req.get("temperature", 0.0),
                     max_tokens=min(int(req.get("max_tokens", 256)), 4096), stop=req.get("stop"),
-                    seed=req.get("seed", 0))
+                    seed=req.get("seed", 0), options=req.get("options"))
             except (KeyError, TypeError, ValueError) as exc:
                 model_errors.append(f"bad request: {exc}")
                 return {"op": "model_error", "message": f"bad request: {exc}"}
@@ -204,9 +204,10 @@ class InstanceRunner:
                                    text=completion.text, prompt_tokens=completion.prompt_tokens,
                                    completion_tokens=completion.completion_tokens,
                                    latency_s=completion.latency_s, finish_reason=completion.finish_reason,
-                                   cache_hit=completion.cache_hit))
+                                   cache_hit=completion.cache_hit, option_logprobs=completion.option_logprobs))
             return {"op": "completion", "text": completion.text, "finish_reason": completion.finish_reason,
-                    "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens}
+                    "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens,
+                    "option_logprobs": completion.option_logprobs, "option_tokens": completion.option_tokens}
 
         outcome = self.pool.solve(inst.task_view(), on_generate)
         error_type, error_message = outcome.error_type, outcome.error_message

@@ -83,10 +83,16 @@ def m003_leases(conn: Connection) -> None:
     create_tables(conn, LeaseRow)
 
 
+def m004_option_scores(conn: Connection) -> None:
+    """A model call that scored options instead of generating keeps the scores in its trajectory."""
+    add_column(conn, ModelCallRow, "option_logprobs")
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_jobs_and_the_review_trail,
     m003_leases,
+    m004_option_scores,
 ]
 
 

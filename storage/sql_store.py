@@ -690,14 +690,15 @@ def call_values(result: InstanceResult, call: ModelCall) -> dict[str, Any]:
                 model=call.model, request=dict(call.request), text=_storable(call.text) or "",
                 prompt_tokens=call.prompt_tokens, completion_tokens=call.completion_tokens,
                 latency_s=call.latency_s, finish_reason=call.finish_reason,
-                cache_hit=call.cache_hit, error=_storable(call.error))
+                cache_hit=call.cache_hit, error=_storable(call.error),
+                option_logprobs=list(call.option_logprobs) if call.option_logprobs is not None else None)
 
 
 def row_to_call(row: ModelCallRow) -> ModelCall:
     return ModelCall(seq=row.seq, model=row.model, request=dict(row.request), text=row.text,
                      prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
                      latency_s=row.latency_s, finish_reason=row.finish_reason, cache_hit=row.cache_hit,
-                     error=row.error)
+                     error=row.error, option_logprobs=row.option_logprobs)
 
 
 _COMPLETION_FIELDS = frozenset(f.name for f in fields(Completion))

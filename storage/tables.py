@@ -115,6 +115,7 @@ class ModelCallRow(SQLModel, table=True):
     finish_reason: str = "stop"
     cache_hit: bool = False
     error: str | None = None
+    option_logprobs: list[float] | None = Field(default=None, sa_type=JSON)  # a scoring call's scores
 
 
 class CacheEntryRow(SQLModel, table=True):

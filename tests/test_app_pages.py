@@ -854,3 +854,20 @@ def test_the_demo_on_the_real_embedded_model(ecdysis_home: Path) -> None:
         assert len(svc.results(done.result["run_ids"][0])) == 3
     finally:
         svc.store.close()  # type: ignore[attr-defined]
+
+
+def test_a_scoring_call_shows_its_options_and_scores_not_a_reply(ecdysis_home: Path, svc: Service) -> None:
+    from ecdysis.harness import ensure_starter, new_version
+    from ecdysis.roles.operators import OPERATORS
+    register_backend(ScriptedBackend(model_id="scorer", default="Answer: False"))
+    starter = ensure_starter(svc.store)
+    version = new_version(OPERATORS["option_scoring"].patched(starter.files), parent=starter.id,  # type: ignore[attr-defined]
+                          note="option_scoring")
+    svc.store.put_harness(version)
+    run = svc.run(RunRequest(suite="boolean", model="scorer", harness=version.id, limit=2))
+    at = open_page("1_runs")
+    assert by_label(at.selectbox, "Run").value == run.run_id
+    assert "scoring options" in texts(at) and "Scored, not generated" in texts(at)
+    table = next(d.value for d in at.dataframe if "log-probability" in d.value.columns)
+    assert list(table["option"]) == ["Answer: True", "Answer: False"]
+    assert list(table["log-probability"]) == ["-20.000", "0.000"]

@@ -142,3 +142,49 @@ def test_the_fast_grammar_path_writes_what_llama_cpp_python_writes(name: str) ->
             llm.close()
     assert texts[0] == texts[1]
     assert texts[0].startswith("{")
+
+
+@pytest.mark.parametrize("name", ["smollm2", "qwen2.5-coder-0.5b"])
+def test_option_scores_are_the_log_probabilities_of_a_full_evaluation(name: str) -> None:
+    """Each option's score is its log-probability as the reply: what a separate llama.cpp model
+    that keeps the logits of every position gives for the prompt and the option evaluated in one
+    pass. Scores do not depend on what the backend did before, and a generation after scoring
+    gives the text a fresh backend gives."""
+    import numpy as np
+    from llama_cpp import Llama
+    from ecdysis.models.llamacpp import chat_prompt_tokens
+    messages = [{"role": "system", "content": "Answer the question. End with a line 'Answer: X'."},
+                {"role": "user", "content": "Which is a fruit?\nA. carrot\nB. apple\nC. potato"}]
+    options = ["Answer: B", "Answer: A", "Answer: apple", "Answer: potato, a root vegetable"]
+    backend = LlamaCppBackend(name)
+    try:
+        scored = backend.complete(CompletionRequest.make(messages, options=options))
+        prompt = chat_prompt_tokens(backend._llm, messages)
+        tokens = [backend._llm.tokenize(o.encode(), add_bos=False, special=False) for o in options]
+        backend.complete(REQ)  # something else in between
+        again = backend.complete(CompletionRequest.make(messages, options=options))
+        after = backend.complete(REQ).text
+    finally:
+        backend.close()
+    assert again.option_logprobs == scored.option_logprobs
+    assert scored.option_tokens == [len(t) for t in tokens]
+    fresh = LlamaCppBackend(name)
+    try:
+        assert fresh.complete(REQ).text == after
+    finally:
+        fresh.close()
+    reference = Llama(model_path=str(gguf_path(name)), n_ctx=2048, n_threads=2, logits_all=True, verbose=False, seed=0)
+    try:
+        expected = []
+        for seq in tokens:
+            reference.reset()
+            reference.eval(prompt + seq)
+            rows = np.asarray(reference.scores[len(prompt) - 1:len(prompt) + len(seq) - 1], dtype=np.float64)
+            logz = rows.max(axis=1) + np.log(np.exp(rows - rows.max(axis=1, keepdims=True)).sum(axis=1))
+            expected.append(float(sum(rows[j, t] - logz[j] for j, t in enumerate(seq))))
+    finally:
+        reference.close()
+    assert scored.option_logprobs == pytest.approx(expected, abs=0.05), (scored.option_logprobs, expected)
+    assert int(np.argmax(scored.option_logprobs)) == int(np.argmax(expected))
+    means = [lp / n for lp, n in zip(scored.option_logprobs, scored.option_tokens)]
+    assert scored.text == options[int(np.argmax(means))]

@@ -20,6 +20,9 @@ class ModelBackend(Protocol):
       `ecdysis.errors.ModelError` (with `retryable=True` for rate limits and transient faults,
       `retry_after` when the server said so). It never returns an error as text.
     - `deterministic` is True when temperature 0 always gives the same text, so caching is exact.
+    - A backend that sets `scores_options = True` answers a request with `options` by scoring
+      each option as the reply (`Completion.option_logprobs`); the gateway refuses such a request,
+      with a `ModelError` of kind "unsupported", for every other backend.
     """
 
     model_id: str

@@ -7,6 +7,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from ecdysis.errors import ModelError
 from ecdysis.models.base import ModelBackend
 from ecdysis.records import Completion, CompletionRequest
 from ecdysis.store import Store
@@ -34,6 +35,11 @@ class ModelGateway:
         return self.backend.model_id
 
     def complete(self, request: CompletionRequest) -> Completion:
+        if request.options and not getattr(self.backend, "scores_options", False):
+            # Refused before the cache and the budget: nothing is charged or stored for it.
+            raise ModelError(f"{self.backend.model_id} cannot score options: its API gives no "
+                             "log-probabilities of a given reply", kind="unsupported",
+                             hint="generate a reply instead (an embedded model scores options)")
         key = request.cache_key(self.backend.model_id)
         if self.use_cache:
             start = time.perf_counter()

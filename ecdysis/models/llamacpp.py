@@ -86,6 +86,7 @@ class LlamaCppBackend:
 
     max_concurrency = 1
     deterministic = True
+    scores_options = True  # a request with options is scored, token by token (`score_options`)
 
     def __init__(self, name: str = "smollm2", *, n_ctx: int | None = None, n_threads: int | None = None) -> None:
         self.model_id = name
@@ -119,6 +120,8 @@ class LlamaCppBackend:
         return _on_generation_thread(self._complete, request)
 
     def _complete(self, request: CompletionRequest) -> Completion:
+        if request.options:
+            return self._score(request)
         with self._lock:
             llm = self._load()
             # The prompt is evaluated in batches that depend on the prompt alone, and the previous
@@ -151,6 +154,26 @@ class LlamaCppBackend:
                           prompt_tokens=int(usage.get("prompt_tokens", 0)),
                           completion_tokens=int(usage.get("completion_tokens", 0)),
                           latency_s=latency, finish_reason=choice.get("finish_reason") or "stop")
+
+    def _score(self, request: CompletionRequest) -> Completion:
+        with self._lock:
+            llm = self._load()
+            with admission.slot(self._n_threads):
+                start = time.perf_counter()
+                try:
+                    prompt = chat_prompt_tokens(llm, request.message_dicts())
+                    logprobs, lengths = score_options(llm, prompt, request.options, self._n_ctx)
+                except ModelError:
+                    llm.reset()
+                    raise
+                except BaseException:
+                    llm.reset()
+                    raise
+                latency = time.perf_counter() - start
+        means = [lp / max(1, n) for lp, n in zip(logprobs, lengths)]
+        best = max(range(len(means)), key=means.__getitem__)
+        return Completion(text=request.options[best], prompt_tokens=len(prompt), completion_tokens=sum(lengths),
+                          latency_s=latency, finish_reason="stop", option_logprobs=logprobs, option_tokens=lengths)
 
     def close(self) -> None:
         _on_generation_thread(self._close)
@@ -258,6 +281,94 @@ def turn_aligned_class(base: type) -> type:
             self._prompt_end, self._prompt_cuts = 0, ()
 
     return TurnAlignedLlama
+
+
+class _PromptCaptured(Exception):
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__("prompt captured")
+        self.tokens = tokens
+
+
+class _CapturePrompt:
+    """Stands in for the Llama a chat handler formats a prompt for: the handler applies the chat
+    template and tokenizes exactly as for a completion, and the completion it then asks for
+    raises with the prompt's tokens instead."""
+
+    def __init__(self, llm: Any) -> None:
+        self._llm = llm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+    def create_completion(self, prompt: Any, **_: Any) -> Any:
+        raise _PromptCaptured([int(t) for t in prompt])
+
+
+def chat_prompt_tokens(llm: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The tokens `create_chat_completion(messages)` would evaluate: the model's chat template with
+    the assistant's turn opened, as its chat handler builds them."""
+    from llama_cpp import llama_chat_format
+    handler = (llm.chat_handler or llm._chat_handlers.get(llm.chat_format)
+               or llama_chat_format.get_chat_completion_handler(llm.chat_format))
+    try:
+        handler(llama=_CapturePrompt(llm), messages=messages, temperature=0.0, max_tokens=1)
+    except _PromptCaptured as captured:
+        return captured.tokens
+    raise ModelError("the chat handler built no prompt")  # pragma: no cover - every handler completes
+
+
+def _log_softmax(llm: Any) -> Any:
+    import numpy as np
+    logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).astype(np.float64)
+    top = logits.max()
+    return logits - (top + np.log(np.exp(logits - top).sum()))
+
+
+def score_options(llm: Any, prompt: list[int], options: tuple[str, ...], n_ctx: int) -> tuple[list[float], list[int]]:
+    """Each option's log-probability as the reply that follows `prompt`, and its length in tokens.
+    The prompt is evaluated as a completion's is (the same batches, the previous prompt's cache
+    reused the same way); the options' tokens are then decoded one at a time on top of it, in
+    sorted order, so a prefix that options share ("Answer: ") is decoded once."""
+    seqs = [llm.tokenize(o.encode("utf-8"), add_bos=False, special=False) or [] for o in options]
+    if any(not seq for seq in seqs):
+        raise ModelError("an option has no tokens", kind="bad_request")
+    longest = max(len(seq) for seq in seqs)
+    if len(prompt) + longest > n_ctx:
+        raise ModelError(f"{llm.model_path}: the prompt ({len(prompt)} tokens) and an option ({longest}) "
+                         f"exceed the context window ({n_ctx})", kind="context_overflow")
+    shared = 0
+    for a, b in zip(llm._input_ids[:llm.n_tokens], prompt):
+        if a != b:
+            break
+        shared += 1
+    llm.n_tokens = min(shared, len(prompt) - 1)  # at least the last prompt token is evaluated: its logits are the start
+    llm.align_next_eval = True
+    llm.eval(prompt[llm.n_tokens:])
+    base = len(prompt)
+    children: dict[tuple[int, ...], set[int]] = {}
+    for seq in seqs:
+        for i, token in enumerate(seq):
+            children.setdefault(tuple(seq[:i]), set()).add(token)
+    logp: dict[tuple[int, ...], float] = {}
+
+    def visit(prefix: tuple[int, ...]) -> None:
+        dist = _log_softmax(llm)
+        for token in children.get(prefix, ()):
+            logp[prefix + (token,)] = float(dist[token])
+
+    visit(())
+    path: tuple[int, ...] = ()
+    for seq in sorted({tuple(s) for s in seqs}):
+        keep = 0
+        while keep < min(len(path), len(seq) - 1) and path[keep] == seq[keep]:
+            keep += 1
+        path = path[:keep]
+        for i in range(keep, len(seq) - 1):
+            llm.n_tokens = base + i
+            llm.eval([seq[i]])
+            path = seq[:i + 1]
+            visit(path)
+    return [sum(logp[tuple(seq[:j + 1])] for j in range(len(seq))) for seq in seqs], [len(seq) for seq in seqs]
 
 
 # Every llama.cpp call of this process runs on one thread. llama.cpp's CPU threads form an OpenMP

@@ -77,6 +77,7 @@ class RetryingBackend:
         self.model_id = backend.model_id
         self.max_concurrency = backend.max_concurrency
         self.deterministic = backend.deterministic
+        self.scores_options = bool(getattr(backend, "scores_options", False))
         self.max_retries = max_retries
         self.base_delay = base_delay
         self.max_delay = max_delay

@@ -21,8 +21,12 @@ class Rule:
 
 
 class ScriptedBackend:
+    """Scores options too: the option its script would reply (case and spaces aside) gets
+    log-probability 0, every other one -10 per word, so tests can tell a scored answer."""
+
     max_concurrency = 8
     deterministic = True
+    scores_options = True
 
     def __init__(self, rules: list[Rule] | None = None, *, model_id: str = "scripted",
                  queue: list[str] | None = None, default: str | None = None) -> None:
@@ -59,6 +63,14 @@ class ScriptedBackend:
         if text is None:
             raise ModelError(f"scripted model has no reply for: {last[:80]!r}", kind="script_exhausted")
         prompt_tokens = sum(len(c.split()) for _, c in request.messages)
+        if request.options:
+            said = " ".join(text.split()).lower()
+            lengths = [max(1, len(o.split())) for o in request.options]
+            logprobs = [0.0 if " ".join(o.split()).lower() == said else -10.0 * n
+                        for o, n in zip(request.options, lengths)]
+            best = max(range(len(logprobs)), key=lambda i: logprobs[i] / lengths[i])
+            return Completion(text=request.options[best], prompt_tokens=prompt_tokens, completion_tokens=sum(lengths),
+                              option_logprobs=logprobs, option_tokens=lengths)
         words = text.split()
         finish = "stop"
         if len(words) > request.max_tokens:
