@@ -13,7 +13,7 @@ from ecdysis.harness import ensure_starter, new_version
 from ecdysis.models.gateway import ModelGateway
 from ecdysis.models.openai_backend import OpenAIBackend
 from ecdysis.models.registry import forget_backends, register_backend
-from ecdysis.models.scripted import ScriptedBackend
+from ecdysis.models.scripted import Rule, ScriptedBackend
 from ecdysis.records import CompletionRequest, checked_options
 from ecdysis.roles.operators import OPERATORS
 from ecdysis.service import RunRequest, Service
@@ -60,19 +60,26 @@ def _scoring_harness(svc: Service) -> str:
 
 
 def test_the_operator_scores_each_option_and_the_trajectory_keeps_the_scores(store) -> None:
-    register_backend(ScriptedBackend(model_id="scorer", default="Answer: False"))
+    # With the input blanked the script prefers True: calibration takes that preference away.
+    register_backend(ScriptedBackend([Rule(text="Answer: True", match="N/A")], model_id="scorer",
+                                     default="Answer: False"))
     svc = Service(store)
     run = svc.run(RunRequest(suite="boolean", model="scorer", harness=_scoring_harness(svc), limit=6))
     results = svc.results(run.run_id)  # read back from the database
     assert len(results) == 6
     for r in results:
-        assert r.answer == "False" and len(r.calls) == 1, r
-        call = r.calls[0]
-        assert call.request["options"] == ["Answer: True", "Answer: False"]
-        assert call.option_logprobs == [-20.0, 0.0] and call.text == "Answer: False"
+        # The task scored, then (calibration, on by default) the same prompt with its input blanked.
+        assert r.answer == "False" and len(r.calls) == 2, r
+        scored, blank = r.calls
+        assert scored.request["options"] == blank.request["options"] == ["Answer: True", "Answer: False"]
+        assert scored.option_logprobs == [-20.0, 0.0] and scored.text == "Answer: False"
+        assert "N/A" in blank.request["messages"][-1]["content"] and blank.option_logprobs == [0.0, -20.0]
     assert sum(r.correct for r in results) == sum(r.target == "False" for r in results)
+    blanks = {tuple(m["content"] for m in r.calls[1].request["messages"]) for r in results}
+    assert len(blanks) == 1, "every task of a category shares one blanked prompt: one real call, then the cache"
     again = svc.run(RunRequest(suite="boolean", model="scorer", harness=_scoring_harness(svc), limit=6))
-    assert all(c.cache_hit and c.option_logprobs == [-20.0, 0.0] for r in svc.results(again.run_id) for c in r.calls)
+    cached = [c for r in svc.results(again.run_id) for c in r.calls]
+    assert all(c.cache_hit for c in cached) and [c.option_logprobs for c in cached[:2]] == [[-20.0, 0.0], [0.0, -20.0]]
 
 
 def test_on_a_backend_that_cannot_score_the_operator_generates_instead(store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,10 +112,12 @@ def test_the_operator_scores_options_with_an_embedded_model(store) -> None:
     assert len(results) == 4
     for r in results:
         assert r.error_type is None and r.answer in ("True", "False"), r
-        (call,) = r.calls
+        call, blank = r.calls
         assert call.request["options"] == ["Answer: True", "Answer: False"] and not call.cache_hit
         assert len(call.option_logprobs or []) == 2 and all(lp < 0 for lp in call.option_logprobs or [])
         assert call.text in call.request["options"] and call.completion_tokens > 0
+        assert blank.request["options"] == call.request["options"] and len(blank.option_logprobs or []) == 2
+    assert sum(not r.calls[1].cache_hit for r in results) == 1, "the blanked prompt is scored once"
 
 
 @pytest.mark.parametrize("type_, shape, place", [

@@ -619,6 +619,9 @@ def build_messages(task, harness):
             exemplars=tuple(ex.key for ex in chosen)))
 
 
+CALIBRATE = True  # option_scoring's default for score_calibrate: bench/option_scoring.py measures both
+
+
 @dataclass(frozen=True)
 class OptionScoring(_CodeOperator):
     """On a task with a closed answer space (options, or yes/no and true/false), the model scores
@@ -639,14 +642,16 @@ class OptionScoring(_CodeOperator):
             return "none of the cluster's tasks has a closed set of answers to score"
         return None
 
-    def patched(self, files: Mapping[str, str], score_by: str = "total") -> dict[str, str]:
-        """`files` with the block and its two parameters (the benchmark builds its harness so)."""
+    def patched(self, files: Mapping[str, str], score_by: str = "total", calibrate: bool = CALIBRATE) -> dict[str, str]:
+        """`files` with the block and its parameters (the benchmark builds its variants so)."""
         out = dict(files)
         out["harness.py"] = append_block(out["harness.py"], self.name, self.BLOCK)
         toml_text = set_param(out["harness.toml"], "score_prefix", '"Answer: "',
                               "each option is scored as this plus its text (option_scoring)")
-        out["harness.toml"] = set_param(toml_text, "score_by", f'"{score_by}"',
-                                        "total or per_token log-probability (option_scoring)")
+        toml_text = set_param(toml_text, "score_by", f'"{score_by}"',
+                              "total or per_token log-probability (option_scoring)")
+        out["harness.toml"] = set_param(toml_text, "score_calibrate", "true" if calibrate else "false",
+                                        "subtract each option's score with the input blanked (option_scoring)")
         return out
 
     BLOCK = '''# On a task whose answer is one of a closed set (its options, or Yes/No, True/False), ask the
@@ -677,7 +682,15 @@ def solve(task, model, harness):
         scored = score(build_messages(task, harness), [prefix + t for t in texts])
     except Exception:  # no scores from this backend: generate
         return _ecd_before_option_scoring(task, model, harness)
-    totals = scored.logprobs if harness.params.get("score_by", "total") == "total" else scored.per_token
+    by_total = harness.params.get("score_by", "total") == "total"
+    totals = scored.logprobs if by_total else scored.per_token
+    if harness.params.get("score_calibrate", False):
+        # What the prompt alone makes of each option (the input replaced by "N/A"; the same
+        # call, so cached, for every task that shares a prompt and options): a label the model
+        # prefers whatever the question is does not win by that preference.
+        blank = dict(task, input="N/A")
+        prior = score(build_messages(blank, harness), [prefix + t for t in texts])
+        totals = [a - b for a, b in zip(totals, prior.logprobs if by_total else prior.per_token)]
     return answers[max(range(len(answers)), key=lambda i: totals[i])]
 '''
 
