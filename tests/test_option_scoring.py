@@ -122,11 +122,12 @@ def test_the_operator_scores_options_with_an_embedded_model(store) -> None:
 
 @pytest.mark.parametrize("type_, shape, place", [
     ("truncated", "choice", 0), ("empty_output", "boolean", 0), ("off_format", "choice", 1),
-    ("invalid_choice", "choice", 1), ("truncated", "number", None), ("wrong_answer", "choice", None)])
-def test_option_scoring_is_ranked_for_closed_answers_the_reply_missed(type_: str, shape: str, place: int | None) -> None:
+    ("invalid_choice", "choice", 1), ("wrong_answer", "choice", 1), ("truncated", "number", None),
+    ("wrong_answer", "number", None)])
+def test_option_scoring_is_ranked_for_closed_answers(type_: str, shape: str, place: int | None) -> None:
     """Cut off or empty on options or yes/no: scoring first (it needs no reply). Off-format or an
-    invalid choice: second, after the cheaper fix that keeps the model's own answer. A wrong but
-    well-formed answer, or an open answer form: not at all."""
+    invalid choice: second, after the cheaper fix that keeps the model's own answer. A wrong option:
+    after worked examples, before voting. An open answer form: not at all."""
     from ecdysis.aggregate import Cluster
     from ecdysis.failures import Failure
     from ecdysis.roles.operators import Ranking

@@ -875,7 +875,7 @@ RANKING: dict[str, tuple[str, ...]] = {
 }
 
 
-CLOSED_FORM_TYPES = frozenset({"off_format", "invalid_choice", "truncated", "empty_output"})
+CLOSED_FORM_TYPES = frozenset({"off_format", "invalid_choice", "truncated", "empty_output", "wrong_answer"})
 
 
 @dataclass
@@ -907,11 +907,14 @@ class Ranking:
                 names.insert(0, "answer_format_instruction")
         closed = sum(1 for f in cluster.failures if f.shape in ("choice", "boolean"))
         if names and cluster.failures and closed * 2 > len(cluster.failures) and cluster.type in CLOSED_FORM_TYPES:
-            # Mostly closed answers (options, yes/no, true/false) that the written reply missed.
-            # With no usable reply at all (cut off, empty), scoring the options needs none and is
-            # tried first; where the reply was written but off-format, the cheaper fixes that keep
-            # the model's own answer come first and scoring second.
-            names.insert(0 if cluster.type in ("truncated", "empty_output") else 1, "option_scoring")
+            # Mostly closed answers (options, yes/no, true/false). With no usable reply at all (cut
+            # off, empty), scoring the options needs none and is tried first; where the reply was
+            # written but off-format, the cheaper fixes that keep the model's own answer come first
+            # and scoring second. A wrong option picked in writing is not what the model ranks
+            # highest when asked (Qwen 0.5B on temporal_sequences: 0.000 written, 0.533 scored):
+            # scoring comes after worked examples and before 5-sample voting, which costs 4 calls more.
+            place = {"truncated": 0, "empty_output": 0, "wrong_answer": 1}.get(cluster.type, 1)
+            names.insert(min(place, len(names)), "option_scoring")
         return Ranking(names)
 
 
