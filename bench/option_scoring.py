@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     versions = {"starter": starter.id}
     for name, score_by, calibrate in (("total", "total", False), ("per_token", "per_token", False),
                                       ("calibrated", "total", True)):
-        files = op.patched(starter.files, score_by=score_by, calibrate=calibrate)  # type: ignore[attr-defined]
+        files = op.patched(starter.files, score_by=score_by, calibrate=calibrate, margin=None)  # type: ignore[attr-defined]
         version = new_version(files, parent=starter.id, note=f"option_scoring ({name})")
         versions[name] = (svc.store.get_harness(version.id) or svc.store.put_harness(version)).id
     rows = []

@@ -620,6 +620,9 @@ def build_messages(task, harness):
 
 
 CALIBRATE = True  # option_scoring's default for score_calibrate: bench/option_scoring.py measures both
+# Calibrate only where the blanked prompt prefers one option by more than this many nats: chosen on
+# five of the nine benchmark tasks and checked on the other four (bench/option_scoring_margin.py).
+CALIBRATE_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -642,7 +645,8 @@ class OptionScoring(_CodeOperator):
             return "none of the cluster's tasks has a closed set of answers to score"
         return None
 
-    def patched(self, files: Mapping[str, str], score_by: str = "total", calibrate: bool = CALIBRATE) -> dict[str, str]:
+    def patched(self, files: Mapping[str, str], score_by: str = "total", calibrate: bool = CALIBRATE,
+                margin: float | None = CALIBRATE_MARGIN) -> dict[str, str]:
         """`files` with the block and its parameters (the benchmark builds its variants so)."""
         out = dict(files)
         out["harness.py"] = append_block(out["harness.py"], self.name, self.BLOCK)
@@ -650,8 +654,12 @@ class OptionScoring(_CodeOperator):
                               "each option is scored as this plus its text (option_scoring)")
         toml_text = set_param(toml_text, "score_by", f'"{score_by}"',
                               "total or per_token log-probability (option_scoring)")
-        out["harness.toml"] = set_param(toml_text, "score_calibrate", "true" if calibrate else "false",
-                                        "subtract each option's score with the input blanked (option_scoring)")
+        toml_text = set_param(toml_text, "score_calibrate", "true" if calibrate else "false",
+                              "subtract each option's score with the input blanked (option_scoring)")
+        if calibrate and margin is not None:
+            toml_text = set_param(toml_text, "score_calibrate_margin", f"{margin:g}",
+                                  "only when the blanked prompt prefers one option by more nats (option_scoring)")
+        out["harness.toml"] = toml_text
         return out
 
     BLOCK = '''# On a task whose answer is one of a closed set (its options, or Yes/No, True/False), ask the
@@ -687,10 +695,15 @@ def solve(task, model, harness):
     if harness.params.get("score_calibrate", False):
         # What the prompt alone makes of each option (the input replaced by "N/A"; the same
         # call, so cached, for every task that shares a prompt and options): a label the model
-        # prefers whatever the question is does not win by that preference.
+        # prefers whatever the question is does not win by that preference. Only a strong
+        # preference (more than `score_calibrate_margin` nats over the next option) is taken away.
         blank = dict(task, input="N/A")
         prior = score(build_messages(blank, harness), [prefix + t for t in texts])
-        totals = [a - b for a, b in zip(totals, prior.logprobs if by_total else prior.per_token)]
+        base = prior.logprobs if by_total else prior.per_token
+        ranked = sorted(base, reverse=True)
+        margin = harness.params.get("score_calibrate_margin")
+        if margin is None or len(ranked) < 2 or ranked[0] - ranked[1] > float(margin):
+            totals = [a - b for a, b in zip(totals, base)]
     return answers[max(range(len(answers)), key=lambda i: totals[i])]
 '''
 
