@@ -30,8 +30,8 @@ import pytest
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Locator, Page, expect, sync_playwright  # noqa: E402
 from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, app_url, settle, streamlit_app  # noqa: E402,F401
-from test_app_pages import (World, open_service, register_models, second_proposal, world,  # noqa: E402,F401
-                            world_template)
+from test_app_pages import (World, open_service, register_models, second_proposal, stopped_runs,  # noqa: E402,F401
+                            world, world_template)
 
 from ecdysis.service import RunRequest, Service  # noqa: E402
 
@@ -498,15 +498,9 @@ def test_an_edit_saved_in_review_is_the_patch_shown_and_the_version_applied(app:
 
 
 def test_stopped_runs_say_how_much_was_scored_and_no_cell_reads_none(app: str, page: Page, world: World) -> None:
-    from dataclasses import replace
     svc = open_service()
     try:
-        nothing = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3))
-        svc.execute_run(nothing.id, cancelled=lambda: True)  # stopped before its first instance
-        half = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=4))
-        done = {r.instance_id: r for r in svc.results(world.run_ids[0])}
-        svc.store.save_results([replace(done[i], run_id=half.id) for i in half.instance_ids[:2]])
-        svc.execute_run(half.id, cancelled=lambda: True)  # two done, then stopped
+        nothing, half = stopped_runs(svc, world)
     finally:
         svc.store.close()  # type: ignore[attr-defined]
     goto(page, app)

@@ -30,6 +30,7 @@ from ecdysis.evolve import EvolveConfig
 from ecdysis.models.registry import register_backend
 from ecdysis.models.scripted import Rule, ScriptedBackend
 from ecdysis.service import RunRequest, Service
+from ecdysis.records import RunRecord
 from ecdysis.store import EvolutionRecord, HarnessVersion, ProposalRecord
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,14 +253,19 @@ def test_two_models_compared_instance_by_instance(world: World, svc: Service) ->
     assert "Pick two different runs." in texts(at)
 
 
-def test_stopped_runs_say_how_much_was_scored(world: World, svc: Service) -> None:
-    from dataclasses import replace
+def stopped_runs(svc: Service, world: World) -> tuple[RunRecord, RunRecord]:
+    """A run stopped before its first instance, and one stopped after two of its four."""
     nothing = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3))
     svc.execute_run(nothing.id, cancelled=lambda: True)  # stopped before its first instance
     half = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=4))
     done = {r.instance_id: r for r in svc.results(world.run_ids[0])}
     svc.store.save_results([replace(done[i], run_id=half.id) for i in half.instance_ids[:2]])
     svc.execute_run(half.id, cancelled=lambda: True)  # two done, then stopped
+    return nothing, half
+
+
+def test_stopped_runs_say_how_much_was_scored(world: World, svc: Service) -> None:
+    nothing, half = stopped_runs(svc, world)
     assert svc.get_run(nothing.id).status == "cancelled" and len(svc.results(half.id)) == 2
     at = open_page("1_runs")
     table = at.dataframe[0].value.set_index("run")

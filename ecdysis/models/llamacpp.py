@@ -163,11 +163,8 @@ class LlamaCppBackend:
                 try:
                     prompt = chat_prompt_tokens(llm, request.message_dicts())
                     logprobs, lengths = score_options(llm, prompt, request.options, self._n_ctx)
-                except ModelError:
-                    llm.reset()
-                    raise
                 except BaseException:
-                    llm.reset()
+                    llm.reset()  # a call that broke off leaves no half-evaluated state for the next
                     raise
                 latency = time.perf_counter() - start
         means = [lp / max(1, n) for lp, n in zip(logprobs, lengths)]
