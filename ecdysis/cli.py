@@ -262,6 +262,10 @@ def evolve(
     max_rounds: int = typer.Option(3, min=1, help="Proposer/Critic rounds per cluster"),
     screen_min_net: int = typer.Option(0, help="screening: the least net gain on the batch that sends a change on "
                                                "to validation (0: drop only what loses there)"),
+    screen_min_wins: int = typer.Option(1, min=0, help="screening: the least number of batch outcomes a change "
+                                                       "must repair to go on to validation"),
+    screen_rounds: int = typer.Option(3, min=1, help="screening rounds: while nothing survives screening, "
+                                                     "diagnose the batch again with what failed ruled out"),
     passes: int = typer.Option(2, min=1, max=5, help="refinement passes: the first proposes, later ones review "
                                                      "the accepted specification (regressions, cost, generality)"),
     concurrency: int = typer.Option(1, min=1, max=256),
@@ -289,7 +293,8 @@ def evolve(
                            gate_min_net=gate_min_net, role_backend=roles, max_rounds=max_rounds,
                            concurrency=concurrency, max_model_calls=max_model_calls, max_tokens=max_tokens,
                            max_wall_s=max_wall, min_gain_per_call=min_gain_per_call, passes=passes,
-                           screen_min_net=screen_min_net)
+                           screen_min_net=screen_min_net, screen_min_wins=screen_min_wins,
+                           screen_rounds=screen_rounds)
         evo = evolver.run(evolver.create(cfg).id)
     result = summary(evo)
     if as_json:

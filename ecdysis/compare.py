@@ -1,7 +1,8 @@
 """How two evolutions compare, by one definition for the benchmark and the app.
 
-- The curve of an evolution: after each iteration, the calls and charged model seconds spent so
-  far and the validation accuracy of the version it keeps (starting from the starter harness).
+- The curve of an evolution: after each kept change and after each iteration, the calls and
+  charged model seconds spent so far and the validation accuracy of the version it keeps
+  (starting from the starter harness).
 - Time to target: what an evolution spent before its validation accuracy first reached a target.
 - Speedup over a baseline: the baseline's time to its own final validation accuracy, divided by
   ours to the same accuracy; in calls and in model seconds. It is undefined when the baseline
@@ -41,6 +42,13 @@ def start_accuracy(evo: EvolutionRecord) -> float | None:
 def curve(evo: EvolutionRecord, start: float) -> list[Point]:
     points, calls, seconds, acc = [Point(0, 0.0, start)], 0, 0.0, start
     for row in evo.iterations:
+        for step in row.get("steps", []):
+            # A kept change is the evolution's version from the moment its gate said so, not from the
+            # end of its iteration (which may validate further changes).
+            spent = step.get("spent")
+            if step.get("kept") and spent and step.get("verdict"):
+                acc = float(step["verdict"]["candidate_accuracy"])
+                points.append(Point(calls + int(spent["calls"]), round(seconds + float(spent["seconds"]), 3), acc))
         calls += int(row.get("model_calls") or 0)
         # Rows stored before model seconds were charged count their working time instead.
         seconds += float(row["model_seconds"] if row.get("model_seconds") is not None else row.get("wall_seconds") or 0.0)

@@ -77,6 +77,14 @@ class EvolveConfig:
     # calls, and leaves "does it gain?" to the paired gate on the larger validation split (a batch
     # of 12 has too little power to say no; demanding +1 there dropped a change worth +7 points).
     screen_min_net: int = 0
+    # ... and the least number of paired batch outcomes it must repair: a change that repairs
+    # nothing on the batch (a neutral one as much as a harmful one) is not worth a validation.
+    screen_min_wins: int = 1
+    # Screening rounds: while no approved change of an iteration survives screening, the batch is
+    # diagnosed again with what was screened out ruled out (the next repair of each cluster), up to
+    # this many rounds. A strategy that screens pays a batch's calls to learn that a repair does
+    # not help, where one that does not pays a validation.
+    screen_rounds: int = 3
     charge_cached: bool = False    # benchmarks sharing one cache: a cached answer costs its call
     seed: int = 0                  # != 0: the train split is shuffled by it before batches are cut
 
@@ -231,16 +239,27 @@ class Evolver:
         elif phase == "diagnose":
             cur.setdefault("diagnose_started", time.time())
             self._save(evo)
-            cur["diagnosis_ids"], cur["proposal_ids"] = self._diagnose_all(evo, cfg, cur, plan, budget)
+            ids, pids = self._diagnose_all(evo, cfg, cur, plan, budget)
+            # Earlier screening rounds of this iteration keep their diagnoses and proposals.
+            cur["diagnosis_ids"] = cur.get("earlier_diagnoses", []) + ids
+            cur["proposal_ids"] = cur.get("earlier_proposals", []) + pids
+            cur["round_proposals"] = pids
             cur["diagnosis_id"] = cur["diagnosis_ids"][0] if cur["diagnosis_ids"] else ""
             cur["phase"] = "gate"
         elif phase == "gate":
-            self._gate(cfg, cur["proposal_ids"])
+            self._gate(cfg, cur.get("round_proposals", cur["proposal_ids"]))
             cur["phase"] = "screen"
         elif phase == "screen":
             cur["queue"] = self._screen_all(evo, cfg, cur, plan, budget)
             cur.setdefault("step", 0)
             cur["phase"] = "apply"
+            if not cur["queue"] and self._another_round(cfg, cur, plan):
+                # Nothing survived: the next repair of each cluster, on the same batch.
+                cur["round"] = cur.get("round", 1) + 1
+                cur["earlier_diagnoses"], cur["earlier_proposals"] = cur["diagnosis_ids"], cur["proposal_ids"]
+                for key in ("scopes", "diagnosed", "diagnose_started", "queue", "step"):
+                    cur.pop(key, None)
+                cur["phase"] = "diagnose"
         elif phase == "apply":
             if cur["step"] >= len(cur["queue"]):
                 cur["phase"] = "record"
@@ -272,6 +291,16 @@ class Evolver:
             by_phase[group] = by_phase.get(group, 0) + now["calls"] - start["calls"]
         else:
             cur.pop("phase_spent_start", None)
+
+    def _another_round(self, cfg: EvolveConfig, cur: dict[str, Any], plan: Strategy) -> bool:
+        """Whether to diagnose the batch again after a screening round left nothing: only for a
+        strategy that screens, within `screen_rounds`, and only if the last round proposed a change
+        that screening turned down (a round that proposed nothing, or whose proposals a person
+        rejected, would only repeat itself)."""
+        if not plan.screens or cur.get("round", 1) >= cfg.screen_rounds:
+            return False
+        screened = cur.get("screen", {})
+        return any(pid in screened and not screened[pid].get("passed") for pid in cur.get("round_proposals", []))
 
     def _train_window(self, evo: EvolutionRecord, cfg: EvolveConfig, iteration: int) -> list[Instance]:
         """The strategy's batch for this iteration, from the train split; fixed once chosen (stored
@@ -449,6 +478,10 @@ class Evolver:
         out: list[dict[str, Any]] = []
         for row in evo.iterations:
             out += [dict(h, iteration=row["iteration"]) for h in row.get("history", [])]
+        cur = evo.result.get("cursor", {})
+        if cur.get("earlier_proposals"):
+            # An earlier screening round of this iteration: what it screened out is ruled out too.
+            out += [dict(h, iteration=cur.get("iteration")) for h in self._outcomes_of(cur, cur.get("steps", []))]
         return out
 
     def _gate(self, cfg: EvolveConfig, proposal_ids: list[str]) -> None:
@@ -579,6 +612,10 @@ class Evolver:
             why = (f"screened alone on {current.id}: net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired) "
                    f"is below {cfg.screen_min_net:+d}")
             return {**result, "passed": False, "reason": why}
+        if wins < cfg.screen_min_wins:
+            why = (f"screened alone on {current.id}: net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired); "
+                   f"it repaired {'nothing' if not wins else f'only {wins}'} on the batch")
+            return {**result, "passed": False, "reason": why}
         short = cost_shortfall(net / max(1, len(keys)), cost["extra_calls"], cfg.min_gain_per_call)
         if short:
             return {**result, "passed": False, "reason": f"screened alone: {short}"}
@@ -686,7 +723,11 @@ class Evolver:
                         "wins": verdict.wins, "losses": verdict.losses, "n": verdict.n, "kept": kept,
                         "jointly_with": len(applied) - 1, **cur.get("verdict_cost", {})}
         screened = cur.get("screen", {})
+        spent, spent0 = self._spent(), cur.get("spent_at_start", {"calls": 0, "seconds": 0.0})
         step = {"step": cur.get("step", 0), "candidate": cur.get("candidate"), "parent": evo.current_version,
+                # What the iteration had spent when this verdict was reached: the curve's point for it.
+                "spent": {"calls": spent["calls"] - spent0["calls"],
+                          "seconds": round(spent.get("seconds", 0.0) - spent0.get("seconds", 0.0), 3)},
                 "verdict": cur.get("verdict") if verdict is not None else None, "kept": kept,
                 "changes": [dict(a, measured=measured, screened=screened.get(a["proposal_id"])) for a in applied],
                 "skipped": [a for a in cur.get("applied", []) if not a.get("applied")]}
@@ -725,6 +766,7 @@ class Evolver:
             "val_accuracy": val_accuracy,
             "proposals": len(cur.get("proposal_ids", [])),
             "screened": len(cur.get("screen", {})),
+            "screen_rounds": cur.get("round", 1),
             "applied": len(changes),
             "kept": sum(len(st["changes"]) for st in kept_steps),
             "rolled_back": any(st.get("candidate") and not st["kept"] for st in steps),

@@ -228,6 +228,10 @@ class LeakageCheck:
 
 # ---------------------------------------------------------------- smoke run and the hard checks
 
+# How many of a cluster's failing instances a call-multiplying draft is probed on before screening.
+HEADROOM_PROBES = 3
+
+
 @dataclass
 class SmokeRunner:
     """Runs a patched harness on one instance in the sandbox, with a real model through the
@@ -308,8 +312,32 @@ class CriticChecks:
         else:
             key = self._smoke_key(case)
             results.append(self.smoke.run(draft.files, self.index.instances[key], key.split("/", 1)[0]))
+            if results[-1].ok and expected_calls(draft.files) > expected_calls(case.files):
+                results.append(self._headroom(case, draft))
         results.append(self.leakage.check(diffs, draft.spec, self.index))
         return results, diffs
+
+    def _headroom(self, case: CaseFile, draft: Draft) -> CheckResult:
+        """A draft that multiplies calls (voting, retries) must first show it can recover something:
+        run on up to `HEADROOM_PROBES` of the cluster's failing train instances (the smoke model's
+        own failures first), at least one must come back right. Screening such a change on the
+        whole batch costs its extra calls on every instance; a change that recovers none of a few
+        failures is not worth that."""
+        calls = expected_calls(draft.files)
+        mine = self.smoke.gateway.model_id
+        keys = sorted({f.key for f in case.cluster.failures},
+                      key=lambda k: (not any(f.key == k and f.model == mine for f in case.cluster.failures), k))
+        probes = [(k, inst) for k in keys if (inst := self.index.instances.get(k)) is not None
+                  and inst.split == "train"][:HEADROOM_PROBES]
+        if not probes:
+            return CheckResult("headroom", True, "no train instance of the cluster to probe; screening decides")
+        recovered = [k for k, inst in probes if self.smoke.still_passes(draft.files, inst, k.split("/", 1)[0])]
+        if not recovered:
+            return CheckResult("headroom", False, f"the patched harness may make up to {calls:g} model calls per "
+                                                  f"instance but recovers none of {len(probes)} of the cluster's "
+                                                  f"failing instances on {mine}; extra calls need headroom first")
+        return CheckResult("headroom", True, f"recovers {len(recovered)} of {len(probes)} of the cluster's failing "
+                                             f"instances on {mine} ({', '.join(recovered)})")
 
     @staticmethod
     def _novel(case: CaseFile, draft: Draft, diffs: Sequence[FileDiff]) -> CheckResult:

@@ -288,3 +288,47 @@ def test_a_review_pass_revises_an_accepted_spec_that_breaks_passing_instances() 
     one = diagnose(fresh, plant(fresh)[0], suite_loader=lambda name: suite, smoke_model=smoke_model,
                    role_backend=_BadFirstProposer(), passes=1)
     assert one.proposals[0].spec.operator in ("", None) and one.proposals[0].status == "accepted"
+
+
+class _VotingFirstProposer:
+    """Proposes 5-sample voting first, then whatever the heuristic Proposer would."""
+
+    name = "voting-first"
+
+    def __init__(self) -> None:
+        from ecdysis.roles.heuristic import HeuristicRoleBackend
+        self.inner = HeuristicRoleBackend()
+        self.proposed = 0
+
+    def run(self, role, case, round):
+        if role == "proposer" and self.proposed == 0:
+            self.proposed += 1
+            from ecdysis.roles.base import RoleMessage, RoleTurn
+            output = {"operator": "self_consistency", "spec": {}, "replies": []}
+            return RoleTurn(output, [RoleMessage(round, "proposer", "output", self.name, "vote", output)])
+        return self.inner.run(role, case, round)
+
+
+def test_a_draft_that_multiplies_calls_must_first_recover_one_of_its_clusters_failures() -> None:
+    """5-sample voting on the planted cluster: a smoke model that always answers in the form the
+    starter cannot read gives voting nothing to recover, so the headroom check fails before any
+    screening is paid for and the next round proposes the extraction repair. A smoke model whose
+    samples are right lets the same draft through, with the instances it recovered named."""
+    store = MemoryStore()
+    run_ids, suite, _ = plant(store)
+    report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=smoke(),
+                      role_backend=_VotingFirstProposer(), passes=1)
+    proposal = report.proposals[0]
+    assert proposal.status == "accepted" and proposal.spec.operator == "answer_extraction"
+    said = [m.text for m in proposal.transcript if m.role == "critic" and m.kind == "check"]
+    assert any("headroom: FAILED" in t and "recovers none of 3" in t for t in said), said
+
+    fresh = MemoryStore()
+    rules = [Rule(text=answer_form(i), match=i.input) for i in suite.instances]
+    right = ScriptedBackend(rules, model_id="bare", default=f"{H_PREFIX} 34")
+    report = diagnose(fresh, plant(fresh)[0], suite_loader=lambda name: suite, smoke_model=right,
+                      role_backend=_VotingFirstProposer(), passes=1)
+    voting = report.proposals[0]
+    assert voting.spec.operator == "self_consistency" and voting.status == "accepted"
+    headroom = next(c for c in voting.checks if c.name == "headroom")
+    assert headroom.ok and headroom.detail.startswith("recovers 3 of 3"), headroom

@@ -301,3 +301,53 @@ def test_changes_kept_before_the_budget_ran_out_are_on_the_curve(tmp_path: Path,
     assert row["partial"] and row["kept"] == 1 and row["val_accuracy"] > 0
     points = curve(sealed, 0.0)
     assert points[-1].val_accuracy == row["val_accuracy"] and points[-1].calls == sealed.result["spent"]["calls"]
+
+
+def test_when_nothing_survives_screening_the_batch_is_diagnosed_again(world) -> None:
+    """Round 1: the reviewer turns every proposal into the planted bad change, so screening drops
+    them all. Ecdysis diagnoses the same batch again with those operators ruled out, the reviewer
+    turns the first new proposal into the extraction repair, and it is kept: the batch paid for
+    the lesson with screening calls, not a validation. With one round, the iteration ends bare."""
+    svc, suite, _ = world
+    rounds: list[str] = []      # diagnosis ids, in the order their proposals reached the reviewer
+    good: dict[str, str] = {}   # the extraction repair as round 1 proposed it
+    made: list[str] = []
+
+    def review(proposal):
+        if proposal.diagnosis_id not in rounds:
+            rounds.append(proposal.diagnosis_id)
+        if len(rounds) == 1:
+            if proposal.spec.get("operator") == "answer_extraction":
+                good.update(proposal.files)
+            user = svc.harness(proposal.harness_version).files["user.md"]
+            return "edit", "planted bad change", {"user.md": user.rstrip("\n") + f"\n{BAD_LINE}\n"}
+        if made:
+            return "reject", "one repair is enough", None
+        made.append(proposal.id)
+        return "edit", "the extraction repair", dict(good)
+
+    evolver = Evolver(svc, reviewer=review)
+    evo = evolver.run(evolver.create(config(suite)).id)
+    row = evo.iterations[0]
+    assert len(rounds) == 2 and row["screen_rounds"] == 2, json.dumps(row, indent=1, default=str)[:5000]
+    fate = {h["proposal_id"]: (h["operator"], h["outcome"]) for h in row["history"]}
+    screened_out = {op for op, outcome in fate.values() if outcome == "screened_out"}
+    assert {"answer_extraction", "retry_unparsable"} <= screened_out, fate
+    # round 2 proposed operators round 1 did not, and the one made into the repair was kept
+    second = [p for p in svc.proposals(diagnosis_id=rounds[1])]
+    assert second and not {p.spec.get("operator") for p in second} & {"answer_extraction", "retry_unparsable"}
+    assert [pid for pid, (op, outcome) in fate.items() if outcome == "kept"] == made
+    assert row["val_accuracy"] > 0 and evo.current_version != evo.base_version
+    assert row["calls_by_phase"]["screen"] > 0 and row["diagnosis_ids"] == rounds
+
+    single = Evolver(svc, reviewer=plant_bad_everything(svc))
+    evo = single.run(single.create(config(suite, screen_rounds=1, label="one round")).id)
+    assert evo.iterations[0]["screen_rounds"] == 1 and evo.current_version == evo.base_version
+    assert evo.iterations[0]["gate"] == "no change survived screening"
+
+
+def plant_bad_everything(svc: Service):
+    def review(proposal):
+        user = svc.harness(proposal.harness_version).files["user.md"]
+        return "edit", "planted bad change", {"user.md": user.rstrip("\n") + f"\n{BAD_LINE}\n"}
+    return review
