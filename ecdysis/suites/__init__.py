@@ -1,8 +1,9 @@
 """Task suites, the first stage of the flow: `load_suite` resolves a name to a `Suite` whose every
 instance has a train / validation / test split, ready for the runner; `describe_suites` lists them.
 
-A name resolves, in this order, to: a built-in suite (`builtin_suite_names()`); `bigbench:TASK` or
-`bigbench:TASK/SUBTASK` from `bigbench_dir()`; a path to a `.jsonl` or BIG-bench `task.json` file;
+A name resolves, in this order, to: a built-in suite (`builtin_suite_names()`); `bigbench:TASK`,
+`bigbench:TASK/SUBTASK` or a mixture `bigbench:TASK+TASK` from `bigbench_dir()`; a path to a
+`.jsonl` or BIG-bench `task.json` file;
 a suite stored with `import_jsonl` (looked up with `store.get_suite`). The loaded suite's `name` is
 the name it was loaded by (for a file, the path as given), so `load_suite(suite.name)` finds it
 again, which is what a resumed run does.
@@ -206,7 +207,8 @@ def _known_hint(store: Store | None) -> str:
     tasks = [t for t in bigbench_tasks() if "/" not in t]
     if tasks:
         example = "date_understanding" if "date_understanding" in tasks else tasks[0]
-        parts.append(f"BIG-bench: bigbench:TASK for {len(tasks)} tasks, e.g. bigbench:{example}")
+        parts.append(f"BIG-bench: bigbench:TASK (or a mixture TASK+TASK) for {len(tasks)} tasks, "
+                     f"e.g. bigbench:{example}")
     else:
         parts.append("BIG-bench: bigbench:TASK once `scripts/fetch_bigbench.py` has run")
     parts.append("or a path to a .jsonl / task.json file")

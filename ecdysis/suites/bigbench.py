@@ -16,6 +16,8 @@ How a task maps onto instances:
 - A task whose task.json has no examples but subfolders with their own task.json (such as
   logical_deduction) is the union of its subtasks; each subtask is a category ("TASK/SUBTASK").
 - Ids are "TASK-0007" or "TASK/SUBTASK-0007": the example's position in its file.
+- "bigbench:TASK+TASK" is a mixture: the union of the tasks, each task (or subtask) a category
+  with its own scoring rule, each task cut to the size of the smallest (its first examples).
 """
 
 from __future__ import annotations
@@ -65,8 +67,24 @@ def bigbench_tasks(root: Path | None = None) -> list[str]:
 
 
 def load_bigbench(task: str, *, root: Path | None = None, name: str | None = None) -> Suite:
-    """The suite for "TASK" or "TASK/SUBTASK" under `root` (default `bigbench_dir()`)."""
+    """The suite for "TASK" or "TASK/SUBTASK" under `root` (default `bigbench_dir()`), or for a
+    mixture "TASK+TASK[+...]": the union of the tasks, each its own category (scored by its own
+    rule), so failures can recur across tasks, the way the paper counts a pattern as recurring."""
     root = root or bigbench_dir()
+    if "+" in task:
+        tasks = list(dict.fromkeys(t.strip() for t in task.split("+")))
+        if len(tasks) < 2 or any(not t for t in tasks):
+            raise NotFound(f"{task!r} is not a BIG-bench mixture", hint="use bigbench:TASK+TASK, two tasks or more")
+        parts = [load_bigbench(t, root=root) for t in tasks]
+        # Each task gives as many examples as the smallest one has (the first, in file order), so a
+        # task of 14,000 examples does not drown one of 400 in the train batches.
+        size = min(len(p.instances) for p in parts)
+        parts = [replace(p, instances=p.instances[:size]) for p in parts]
+        parsed = [p for suite in parts for p in _parsed_of(suite)]
+        return Suite(name=name or PREFIX + "+".join(tasks), instances=[i for s in parts for i in s.instances],
+                     scorer=_combined_scorer(parsed), source=f"bigbench:{root.resolve()}",
+                     description="A mixture of BIG-bench tasks: " + "; ".join(
+                         f"{t}: {' '.join(s.description.split())[:120]}" for t, s in zip(tasks, parts)))
     parts = task.strip("/").split("/")
     if len(parts) > 2 or any(p in ("", ".", "..") for p in parts):
         raise NotFound(f"{task!r} is not a BIG-bench task name", hint="use bigbench:TASK or bigbench:TASK/SUBTASK")
@@ -87,6 +105,21 @@ def load_task_file(path: str | Path, *, task: str | None = None, name: str | Non
     instances = [inst for p in parsed for inst in p.instances]
     return Suite(name=name or task, instances=instances, scorer=_combined_scorer(parsed),
                  description=str(data.get("description", "")), source=f"bigbench:{path.resolve()}")
+
+
+def _parsed_of(suite: Suite) -> list[_Parsed]:
+    """A loaded task's categories with their scoring rules, to combine with another task's."""
+    spec = suite.scorer
+    if spec.kind == "by_category":
+        rules = dict(spec.options.get("categories", {}))
+    else:
+        rules = {c: {"kind": spec.kind, "options": dict(spec.options)} for c in suite.categories}
+    out = []
+    for category, rule in rules.items():
+        members = [i for i in suite.instances if i.category == category]
+        aliases = {i.id: a for i in members if (a := rule.get("options", {}).get("aliases", {}).get(i.id))}
+        out.append(_Parsed(category=category, kind=rule["kind"], instances=members, aliases=aliases))
+    return out
 
 
 # ---------------------------------------------------------------- one task file
