@@ -2,8 +2,9 @@
 -> refinement of each harness-level cluster in priority order -> a `DiagnosisReport`.
 
 `ecdysis diagnose RUN_ID ... [--json]` prints `report.to_json()` or `report.render_text()`. Runs
-and results are read through the `Store` protocol; nothing here writes to the store except the
-model-call cache (smoke runs and LLM roles go through the cached gateway).
+and results are read through the `Store` protocol. `diagnose` writes only the model-call cache
+(smoke runs and LLM roles go through the cached gateway); `store_report` then stores the report
+and its proposals in one transaction.
 """
 
 from __future__ import annotations

@@ -82,8 +82,11 @@ def _verdict(policy: str, accepted: bool, reason: str, parent: dict[PairKey, boo
 class PairedSignGate:
     """Accept when net gains (wins - losses) on the same instances reach `min_net` AND exceed
     `k` standard errors of a no-change sign test (sqrt(wins + losses)), with at most
-    `max_losses_fraction` of the parent's correct instances lost. Small models flip answers from
-    run to run; only a gain larger than those flips is evidence."""
+    `max_losses_fraction` of the parent's correct instances lost, or of the wins when there are
+    more wins than the parent had right. Small models flip answers from run to run; only a gain
+    larger than those flips is evidence. The regression budget keeps a change from trading what
+    works for as much again; scaled by the wins too, it does not refuse a weak parent a change
+    that wins far more than it loses (18 won and 6 lost against a parent with 6 right)."""
 
     min_net: int = 2
     k: float = 1.0
@@ -97,9 +100,10 @@ class PairedSignGate:
         net = wins - losses
         se = math.sqrt(wins + losses)
         parent_right = sum(parent[k] for k in keys)
-        if parent_right and losses > self.max_losses_fraction * parent_right:
+        base, of = (parent_right, "correct") if parent_right >= wins else (wins, "won")
+        if parent_right and losses > self.max_losses_fraction * base:
             return _verdict(self.name, False, f"{losses} regressions exceed the budget of "
-                            f"{self.max_losses_fraction:.0%} of {parent_right} correct", parent, candidate)
+                            f"{self.max_losses_fraction:.0%} of {base} {of}", parent, candidate)
         if net < self.min_net:
             return _verdict(self.name, False, f"net gain {net:+d} ({wins} won, {losses} lost) is below "
                             f"the minimum of {self.min_net}", parent, candidate)

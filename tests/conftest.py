@@ -19,9 +19,7 @@ def ecdysis_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                  "ANTHROPIC_BASE_URL", "ECDYSIS_MODEL", "ECDYSIS_MODELS"):
         monkeypatch.delenv(name, raising=False)
     yield home
-    with registry._cache_lock:
-        for name in [n for n in registry._cache if n not in registry.LOCAL_NAMES]:
-            registry._cache.pop(name).close()
+    registry.forget_backends(keep_local=True)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ harness-level cluster, the one planted for `beta` only as model-specific, the si
 from __future__ import annotations
 
 import importlib.util
-import time
 from pathlib import Path
 
 import pytest
@@ -121,10 +120,7 @@ def _bench():
 def test_clustering_scales_to_thousands_of_failures() -> None:
     bench = _bench()
     failures, batch = bench.synthetic_batch(3000, seed=1)
-    started = time.perf_counter()
-    clusters = aggregate(failures, batch)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 20, elapsed
+    clusters = aggregate(failures, batch)  # how long it takes is bench/cluster_scale.py's to measure
     assert sum(c.size for c in clusters) == 3000
     # The synthetic batch plants one shared pattern per failure type; each must dominate a cluster.
     assert {c.type for c in clusters if c.verdict == "harness-level"} >= {"off_format", "truncated"}

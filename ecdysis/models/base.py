@@ -1,6 +1,6 @@
 """The model seam: one protocol for every backend (embedded llama.cpp, OpenAI-compatible,
-Anthropic, scripted). The runner wraps a backend in `CachedModel` and, for remote backends,
-`with_retries`."""
+Anthropic, scripted). Callers reach a backend through `ModelGateway` (cache, budget, recording);
+remote backends are wrapped in `with_retries`."""
 
 from __future__ import annotations
 

@@ -88,8 +88,9 @@ def register_backend(backend: ModelBackend) -> None:
         _cache[backend.model_id] = backend
 
 
-def forget_backends() -> None:
+def forget_backends(*, keep_local: bool = False) -> None:
+    """Close and forget resolved backends; with `keep_local`, the embedded models stay loaded
+    (loading one takes seconds, and tests share them)."""
     with _cache_lock:
-        for backend in _cache.values():
-            backend.close()
-        _cache.clear()
+        for name in [n for n in _cache if not (keep_local and n in LOCAL_NAMES)]:
+            _cache.pop(name).close()

@@ -1,0 +1,91 @@
+"""The acceptance gates, branch by branch: each row is a paired world (how many instances the
+candidate won, lost, and left right or wrong as the parent had them) and the verdict it must get,
+with the words of the reason that say which rule decided."""
+
+from __future__ import annotations
+
+import pytest
+
+from ecdysis.gate import AnyImprovementGate, PairedSignGate, cost_shortfall, paired
+
+
+def world(wins: int, losses: int, both_right: int, both_wrong: int) -> tuple[dict, dict]:
+    """Parent and candidate outcomes keyed (model, instance) with these paired counts."""
+    parent: dict[tuple[str, str], bool] = {}
+    candidate: dict[tuple[str, str], bool] = {}
+    for n, (before, after) in enumerate([(False, True)] * wins + [(True, False)] * losses
+                                        + [(True, True)] * both_right + [(False, False)] * both_wrong):
+        key = ("m", f"i{n:03d}")
+        parent[key], candidate[key] = before, after
+    return parent, candidate
+
+
+# (wins, losses, both right, both wrong) -> accepted, words of the reason
+PAIRED_SIGN = [
+    ((0, 0, 0, 0), False, "no paired instances"),
+    # the regression budget: half the parent's correct ...
+    ((8, 6, 4, 20), False, "6 regressions exceed the budget of 50% of 10 correct"),
+    ((10, 5, 5, 20), True, "net gain +5 (10 won, 5 lost)"),
+    # ... or half the wins, when the candidate won more than the parent had right
+    ((18, 6, 0, 36), True, "net gain +12 (18 won, 6 lost)"),
+    ((18, 10, 0, 32), False, "10 regressions exceed the budget of 50% of 18 won"),
+    # the minimum net gain
+    ((1, 0, 10, 10), False, "net gain +1 (1 won, 0 lost) is below the minimum of 2"),
+    ((5, 5, 10, 10), False, "net gain +0 (5 won, 5 lost) is below the minimum of 2"),
+    # a gain within one standard error of no change: sqrt(6 + 3) = 3
+    ((6, 3, 10, 10), False, "net gain +3 is within 1 standard error (3.00)"),
+    ((7, 3, 10, 10), True, "net gain +4 (7 won, 3 lost) exceeds 1 standard error (3.16)"),
+    ((2, 0, 10, 10), True, "net gain +2 (2 won, 0 lost) exceeds 1 standard error (1.41)"),
+    # a parent with nothing right has no regression budget to break
+    ((3, 0, 0, 10), True, "net gain +3"),
+]
+
+
+@pytest.mark.parametrize(("counts", "accepted", "words"), PAIRED_SIGN)
+def test_paired_sign_gate_branch_by_branch(counts: tuple[int, int, int, int], accepted: bool, words: str) -> None:
+    parent, candidate = world(*counts)
+    verdict = PairedSignGate().judge(parent, candidate)
+    assert verdict.accepted is accepted and words in verdict.reason, verdict.reason
+    wins, losses, both_right, both_wrong = counts
+    assert (verdict.wins, verdict.losses, verdict.n) == (wins, losses, sum(counts))
+    if verdict.n:
+        assert verdict.parent_accuracy == round((losses + both_right) / verdict.n, 4)
+        assert verdict.candidate_accuracy == round((wins + both_right) / verdict.n, 4)
+
+
+def test_paired_sign_gate_thresholds_are_its_parameters() -> None:
+    parent, candidate = world(3, 1, 10, 10)
+    assert not PairedSignGate().judge(parent, candidate).accepted  # +2 within sqrt(4) = 2
+    assert PairedSignGate(k=0.5).judge(parent, candidate).accepted
+    assert not PairedSignGate(min_net=3, k=0.5).judge(parent, candidate).accepted
+    parent, candidate = world(11, 6, 5, 20)
+    assert "6 regressions exceed the budget of 50% of 11 correct" in PairedSignGate().judge(parent, candidate).reason
+    assert PairedSignGate(max_losses_fraction=0.6).judge(parent, candidate).accepted
+
+
+def test_only_instances_both_sides_ran_are_paired() -> None:
+    parent, candidate = world(4, 0, 2, 2)
+    candidate.pop(("m", "i000"))
+    parent[("m", "extra")] = True
+    keys, wins, losses = paired(parent, candidate)
+    assert len(keys) == 7 and (wins, losses) == (3, 0)
+
+
+@pytest.mark.parametrize(("counts", "accepted"), [((1, 0, 0, 0), True), ((1, 1, 5, 5), False),
+                                                  ((0, 1, 5, 5), False), ((0, 0, 0, 0), False)])
+def test_any_improvement_gate_takes_any_net_win(counts: tuple[int, int, int, int], accepted: bool) -> None:
+    verdict = AnyImprovementGate().judge(*world(*counts))
+    assert verdict.accepted is accepted and verdict.reason == f"{counts[0]} won, {counts[1]} lost"
+
+
+@pytest.mark.parametrize(("gain", "extra", "per_call", "short"), [
+    (0.0, 0.0, 0.05, None),      # adds no call: nothing to pay for
+    (0.0, 0.05, 0.05, None),     # rounding noise in the call count is not a cost
+    (0.20, 4.0, 0.05, None),     # 5-sample voting that buys 20 points pays
+    (0.19, 4.0, 0.05, "less than the 20.0 points"),
+    (0.30, 1.0, 0.6, "less than the 60.0 points"),
+])
+def test_a_change_that_adds_calls_must_buy_points_with_them(gain: float, extra: float, per_call: float,
+                                                            short: str | None) -> None:
+    why = cost_shortfall(gain, extra, per_call)
+    assert (why is None) if short is None else (short in (why or "")), why
