@@ -18,8 +18,8 @@ from typing import Any, Literal, Mapping, Sequence
 from ecdysis.diffs import ApplyResult, FileDiff, apply_diffs, diff_files
 from ecdysis.errors import BudgetExceeded, EcdysisError, InputError, ModelError
 from ecdysis.harness import validate_files
-from ecdysis.models.gateway import ModelGateway
-from ecdysis.records import CompletionRequest, Instance, ScorerSpec
+from ecdysis.models.gateway import MAX_CALLS_PER_SOLVE, ModelGateway, harness_reply, harness_request
+from ecdysis.records import Instance, ScorerSpec
 from ecdysis.roles.base import CaseFile, CheckResult, Draft, Exemplar, ModificationSpec, RoleBackend, RoleMessage
 from ecdysis.roles.operators import OPERATORS, ProposalError, materialize
 from ecdysis.sandbox import SandboxLimits, WorkerPool
@@ -246,18 +246,16 @@ class SmokeRunner:
         calls = [0]
 
         def on_generate(req: dict[str, Any]) -> dict[str, Any]:
+            if calls[0] >= MAX_CALLS_PER_SOLVE:
+                errors.append(f"the harness made {MAX_CALLS_PER_SOLVE} model calls, the most one solve() may make")
+                return {"op": "model_error", "message": errors[-1]}
             calls[0] += 1
             try:
-                request = CompletionRequest.make(list(req.get("messages") or []),
-                                                 temperature=req.get("temperature", 0.0),
-                                                 max_tokens=min(int(req.get("max_tokens", 256)), 4096),
-                                                 stop=req.get("stop"), seed=req.get("seed", 0))
-                done = self.gateway.complete(request)
+                done = self.gateway.complete(harness_request(req))
             except (ModelError, BudgetExceeded, KeyError, TypeError, ValueError) as exc:
                 errors.append(str(exc))
                 return {"op": "model_error", "message": str(exc)}
-            return {"op": "completion", "text": done.text, "finish_reason": done.finish_reason,
-                    "prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens}
+            return harness_reply(done)
 
         pool = WorkerPool(files, self.limits)
         try:
@@ -310,6 +308,11 @@ class CriticChecks:
         except InputError as exc:
             results.append(CheckResult("loads", False, f"the patched harness does not load: {exc}"))
         else:
+            if not all(r.ok for r in results):
+                # A patch that repeats a repair already present, or does not apply, is not run (it
+                # has failed already): the same wrapper applied twice calls itself, call after call.
+                results.append(self.leakage.check(diffs, draft.spec, self.index))
+                return results, diffs
             key = self._smoke_key(case)
             results.append(self.smoke.run(draft.files, self.index.instances[key], key.split("/", 1)[0]))
             if results[-1].ok and expected_calls(draft.files) > expected_calls(case.files):

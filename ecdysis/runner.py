@@ -15,8 +15,8 @@ from ecdysis.budget import CallBudget
 from ecdysis.errors import BudgetExceeded, InputError, ModelError, NotFound
 from ecdysis.executors import Batch, Executor
 from ecdysis.models.base import ModelBackend
-from ecdysis.models.gateway import ModelGateway
-from ecdysis.records import (CompletionRequest, Instance, InstanceResult, ModelCall, RunRecord, RunSummary,
+from ecdysis.models.gateway import MAX_CALLS_PER_SOLVE, ModelGateway, harness_reply, harness_request
+from ecdysis.records import (Instance, InstanceResult, ModelCall, RunRecord, RunSummary,
                              ScorerSpec, Suite)
 from ecdysis.sandbox import SandboxLimits, WorkerPool, isolation
 from ecdysis.store import HarnessVersion, Store
@@ -181,14 +181,14 @@ class InstanceRunner:
 
         def on_generate(req: dict[str, Any]) -> dict[str, Any]:
             try:
-                request = CompletionRequest.make(
-                    list(req.get("messages") or []), temperature=req.get("temperature", 0.0),
-                    max_tokens=min(int(req.get("max_tokens", 256)), 4096), stop=req.get("stop"),
-                    seed=req.get("seed", 0), options=req.get("options"))
+                request = harness_request(req)
             except (KeyError, TypeError, ValueError) as exc:
                 model_errors.append(f"bad request: {exc}")
                 return {"op": "model_error", "message": f"bad request: {exc}"}
             try:
+                if len(calls) >= MAX_CALLS_PER_SOLVE:
+                    raise ModelError(f"the harness made {MAX_CALLS_PER_SOLVE} model calls on one instance, the "
+                                     "most one solve() may make", kind="call_limit")
                 if budget is not None:
                     budget.check()
                 completion = gateway.complete(request)
@@ -205,9 +205,7 @@ class InstanceRunner:
                                    completion_tokens=completion.completion_tokens,
                                    latency_s=completion.latency_s, finish_reason=completion.finish_reason,
                                    cache_hit=completion.cache_hit, option_logprobs=completion.option_logprobs))
-            return {"op": "completion", "text": completion.text, "finish_reason": completion.finish_reason,
-                    "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens,
-                    "option_logprobs": completion.option_logprobs, "option_tokens": completion.option_tokens}
+            return harness_reply(completion)
 
         outcome = self.pool.solve(inst.task_view(), on_generate)
         error_type, error_message = outcome.error_type, outcome.error_message

@@ -332,3 +332,40 @@ def test_a_draft_that_multiplies_calls_must_first_recover_one_of_its_clusters_fa
     assert voting.spec.operator == "self_consistency" and voting.status == "accepted"
     headroom = next(c for c in voting.checks if c.name == "headroom")
     assert headroom.ok and headroom.detail.startswith("recovers 3 of 3"), headroom
+
+
+def test_a_smoke_run_scores_options_the_way_a_run_does() -> None:
+    """Option scoring asks the model for scores, not text. The smoke run passes those requests on
+    as the runner does: one scoring call answers the task, with no fallback to generation."""
+    from ecdysis.models.gateway import ModelGateway
+    from ecdysis.refine import SmokeRunner
+    files = OPERATORS["option_scoring"].patched(starter_files(), calibrate=False)
+    backend = ScriptedBackend([Rule(text="Answer: False", match="not True")], model_id="scorer", default="True")
+    inst = next(i for i in plant(MemoryStore())[1].instances if i.split == "train")
+    task = replace(inst, input="not True is", target="False", choices=None, category="boolean")
+    result = SmokeRunner(ModelGateway(backend, MemoryStore())).run(files, task)
+    assert result.ok and "with 'False' in 1 model call(s)" in result.detail, result.detail
+    assert [bool(req.options) for req in backend.history] == [True]
+
+
+def test_a_patch_that_repeats_a_present_repair_is_not_smoke_run() -> None:
+    """Applying option scoring to a harness that has it would wrap solve around itself: the novelty
+    check fails, and the smoke run (which would call the model until the recursion limit) is not made."""
+    from ecdysis.models.gateway import ModelGateway
+    from ecdysis.refine import CriticChecks, SmokeRunner
+    from ecdysis.roles.base import Draft
+    store = MemoryStore()
+    _, suite, _ = plant(store)
+    case_cluster = run_diagnosis(MemoryStore()).clusters[0]
+    once = OPERATORS["option_scoring"].patched(starter_files())
+    twice = OPERATORS["option_scoring"].patched(once)
+    backend = ScriptedBackend(default="True", model_id="counted")
+    instances = {f"{suite.name}/{i.id}": i for i in suite.instances}
+    checks = CriticChecks(DataIndex.build(instances, []), SmokeRunner(ModelGateway(backend, store)), once)
+    from ecdysis.aggregate import BatchContext
+    from ecdysis.roles.base import CaseFile
+    case = CaseFile(cluster=case_cluster, files=once, harness_version="h", batch=BatchContext({}, {}))
+    draft = Draft(spec=ModificationSpec.from_json({**SPEC, "operator": "option_scoring"}), files=twice)
+    results, _ = checks.run(case, draft)
+    assert [(r.name, r.ok) for r in results][:2] == [("novel", False), ("applies", True)]
+    assert "loads" not in [r.name for r in results] and backend.history == []

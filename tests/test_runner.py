@@ -120,3 +120,44 @@ def test_unknown_model_and_missing_key_are_clear_errors(store) -> None:
     assert "ANTHROPIC_API_KEY" in exc.value.message
     with pytest.raises(NotFound):
         svc.create_run(RunRequest(suite="no-such-suite", model="scripted-test"))
+
+
+def test_a_harness_that_calls_itself_is_cut_off_at_the_per_instance_call_limit(store, tmp_path) -> None:
+    """A wrapper applied twice calls itself: each level asks the model once more. The instance stops
+    at MAX_CALLS_PER_SOLVE calls, fails with that reason, and the run goes on."""
+    from ecdysis.harness import starter_files, write_dir
+    from ecdysis.models.gateway import MAX_CALLS_PER_SOLVE
+    backend = scripted(default="")
+    files = starter_files()
+    files["harness.py"] += ("\n\n_before = solve\n\ndef solve(task, model, harness):\n"
+                            "    model.generate([{'role': 'user', 'content': task['input']}])\n"
+                            "    return _before(task, model, harness)\n\n_before = solve\n")
+    folder = write_dir(files, tmp_path / "loops")
+    svc = Service(store)
+    summary = svc.run(RunRequest(suite="boolean", model="scripted-test", harness=str(folder), limit=2,
+                                 use_cache=False))
+    assert summary.n == 2 and summary.errors == {"model_error": 2}
+    assert len(backend.history) == 2 * MAX_CALLS_PER_SOLVE  # the refused call is recorded, not made
+    for result in svc.results(summary.run_id):
+        assert result.error_type is not None and len([c for c in result.calls if not c.error]) == MAX_CALLS_PER_SOLVE
+        assert any("the most one solve() may make" in (c.error or "") for c in result.calls)
+
+
+def test_a_budget_that_charges_cached_calls_refuses_a_cached_one_it_cannot_pay(store) -> None:
+    """Benchmarks charge a replayed answer as a call: once their budget is spent, a cache hit is
+    refused like any other call, before it is charged."""
+    from ecdysis.errors import BudgetExceeded
+    from ecdysis.models.gateway import ModelGateway
+    from ecdysis.records import CompletionRequest
+    backend = scripted()
+    request = CompletionRequest.make([{"role": "user", "content": "True and True"}])
+    ModelGateway(backend, store).complete(request)  # cached now
+    free = CallBudget(max_calls=1)
+    free.charge(1, 0)
+    assert ModelGateway(backend, store, budget=free).complete(request).cache_hit  # free hits need no budget
+    paid = CallBudget(max_calls=2, charge_cached=True)
+    gateway = ModelGateway(backend, store, budget=paid)
+    assert gateway.complete(request).cache_hit and gateway.complete(request).cache_hit
+    with pytest.raises(BudgetExceeded):
+        gateway.complete(request)
+    assert paid.calls == 2 and len(backend.history) == 1

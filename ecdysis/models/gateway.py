@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ecdysis.errors import ModelError
 from ecdysis.models.base import ModelBackend
@@ -45,6 +45,8 @@ class ModelGateway:
             start = time.perf_counter()
             hit = self.store.cache_get(key)  # type: ignore[union-attr]
             if hit is not None:
+                if self.budget is not None and self.budget.charge_cached:
+                    self.budget.check()  # a hit it charges is a call it must be able to pay for
                 hit.cache_hit = True
                 hit.recorded_latency_s = hit.latency_s
                 hit.latency_s = time.perf_counter() - start
@@ -64,3 +66,24 @@ class ModelGateway:
     def _charge(self, completion: Completion) -> None:
         if self.budget is not None:
             self.budget.charge_completion(completion)
+
+
+# The most model calls one solve() may make: a harness that loops (a wrapper applied twice that
+# calls itself, a retry that never stops) is cut off here instead of spending a budget.
+MAX_CALLS_PER_SOLVE = 64
+
+
+def harness_request(req: dict[str, Any]) -> CompletionRequest:
+    """The request a harness sent over its pipe, as the engine's request (raises KeyError,
+    TypeError or ValueError for a malformed one). The runner and the Critic's smoke runs read
+    harness requests alike, so a harness behaves the same in both."""
+    return CompletionRequest.make(list(req.get("messages") or []), temperature=req.get("temperature", 0.0),
+                                  max_tokens=min(int(req.get("max_tokens", 256)), 4096), stop=req.get("stop"),
+                                  seed=req.get("seed", 0), options=req.get("options"))
+
+
+def harness_reply(completion: Completion) -> dict[str, Any]:
+    """What the harness gets back for a completion (or for scored options)."""
+    return {"op": "completion", "text": completion.text, "finish_reason": completion.finish_reason,
+            "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens,
+            "option_logprobs": completion.option_logprobs, "option_tokens": completion.option_tokens}
