@@ -23,8 +23,8 @@ ROLE_HELP = ("heuristic: deterministic, offline (failure taxonomy + repair opera
              "the roles offline (slow on 2 cores: minutes per cluster), or type a model name "
              "(e.g. openai:gpt-4o-mini) to let another LLM play them")
 ROLE_CHOICES = ["heuristic", "qwen2.5-coder-1.5b"]
-SUITE_HELP = ("Type to search: built-in suites, imported JSONL and every fetched BIG-bench task "
-              "(bigbench:TASK), each with its size and answer form")
+SUITE_HELP = ("Type to search: built-in suites, imported JSONL, the fetched BFCL function-calling suites "
+              "(bfcl-...) and every fetched BIG-bench task (bigbench:TASK), each with its size and answer form")
 
 
 def _suite_select(suites: Sequence[dict[str, Any]], key: str, container: Any) -> str:

@@ -47,11 +47,12 @@ def _progress_sink(progress: Progress, task_id: Any) -> Callable[[dict[str, Any]
 @app.command()
 def suites(as_json: bool = typer.Option(False, "--json", help="print a JSON list"),
            match: Optional[str] = typer.Option(None, "--match", help="only suites whose name holds this text"),
-           source: Optional[str] = typer.Option(None, "--source", help="builtin | bigbench | jsonl"),
+           source: Optional[str] = typer.Option(None, "--source", help="builtin | bfcl | bigbench | jsonl"),
            catalogue: bool = typer.Option(False, "--catalogue",
                                           help="first list the BIG-bench tasks not catalogued yet (minutes)")) -> None:
-    """List the task suites (built-in, imported, fetched BIG-bench) with sizes, categories and answer forms."""
-    from ecdysis.suites import bigbench_catalogue, uncatalogued_tasks
+    """List the task suites (built-in, imported, fetched BFCL and BIG-bench) with sizes, categories and answer forms."""
+    from ecdysis.suites import bfcl_suites, bigbench_catalogue, uncatalogued_tasks
+    from ecdysis.suites.bfcl import FETCH_HINT, SUITES
     if catalogue:
         bigbench_catalogue(progress=lambda n, total, task: err.print(f"cataloguing {n}/{total}: {escape(task)}"))
     rows = _service().suites()
@@ -59,6 +60,8 @@ def suites(as_json: bool = typer.Option(False, "--json", help="print a JSON list
         rows = [r for r in rows if match.casefold() in r["name"].casefold()]
     if source:
         rows = [r for r in rows if str(r.get("source", "")).split(":")[0] == source]
+    if not bfcl_suites():
+        err.print(escape(f"the BFCL suites ({', '.join(SUITES)}) are not fetched on this machine: {FETCH_HINT}"))
     if as_json:
         _emit_json(rows)
         return

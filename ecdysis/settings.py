@@ -84,6 +84,7 @@ class Settings:
     anthropic_base_url: str | None = field(default=None, repr=False)
     anthropic_api_key: str | None = field(default=None, repr=False)
     bigbench_dir: Path | None = None
+    bfcl_dir: Path | None = None
     n_threads: int = 2
     sandbox: str = "auto"   # auto | bwrap | process: how harness code is contained (ecdysis.sandbox)
     openai_concurrency: int = 64
@@ -98,6 +99,7 @@ class Settings:
         home = Path(os.environ.get("ECDYSIS_HOME") or Path.cwd() / "data").expanduser().resolve()
         db = os.environ.get("ECDYSIS_DATABASE_URL") or f"sqlite:///{home / 'ecdysis.db'}"
         bb = os.environ.get("ECDYSIS_BIGBENCH_DIR")
+        bfcl = os.environ.get("ECDYSIS_BFCL_DIR")
         return Settings(
             home=home,
             database_url=db,
@@ -112,6 +114,7 @@ class Settings:
             anthropic_base_url=os.environ.get("ANTHROPIC_BASE_URL"),
             anthropic_api_key=os.environ.get("ANTHROPIC_API_KEY"),
             bigbench_dir=Path(bb).expanduser() if bb else None,
+            bfcl_dir=Path(bfcl).expanduser() if bfcl else None,
             n_threads=_env_int("ECDYSIS_THREADS", min(4, os.cpu_count() or 2)),
             sandbox=os.environ.get("ECDYSIS_SANDBOX") or "auto",
             openai_concurrency=max(1, _env_int("ECDYSIS_OPENAI_CONCURRENCY", 64)),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything Ecdysis needs in ./.venv, idempotently: a second call takes seconds.
 #   scripts/setup.sh            python packages, embedded models (Qwen2.5-Coder 0.5B and 1.5B assembled
-#                               once per machine into ~/.cache/ecdysis/models), BIG-bench task files, bubblewrap
+#                               once per machine into ~/.cache/ecdysis/models), BIG-bench task files, BFCL data files
+#                               (~/.cache/ecdysis/bfcl), bubblewrap
 #   scripts/setup.sh --system   also Debian packages for the tests (chromium, chromium-driver, postgresql)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,4 +56,5 @@ fi
 
 .venv/bin/python scripts/fetch_models.py
 .venv/bin/python scripts/fetch_bigbench.py
+.venv/bin/python scripts/fetch_bfcl.py
 echo "== set-up done"

@@ -309,7 +309,7 @@ def test_unknown_names_raise_not_found_with_what_exists() -> None:
 
 
 def test_describe_lists_builtins_and_stored_suites(tmp_path: Path, suite_store: Any) -> None:
-    rows = {r["name"]: r for r in describe_suites(bigbench=False)}
+    rows = {r["name"]: r for r in describe_suites(bigbench=False, bfcl=False)}
     assert set(rows) == set(builtin_suite_names())
     mix = rows["reasoning-mix"]
     assert mix["size"] == 300 and mix["categories"]["dates"] == 60

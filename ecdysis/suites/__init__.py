@@ -1,7 +1,8 @@
 """Task suites, the first stage of the flow: `load_suite` resolves a name to a `Suite` whose every
 instance has a train / validation / test split, ready for the runner; `describe_suites` lists them.
 
-A name resolves, in this order, to: a built-in suite (`builtin_suite_names()`); `bigbench:TASK`,
+A name resolves, in this order, to: a built-in suite (`builtin_suite_names()`); a BFCL suite
+(`bfcl-simple`, `bfcl-multiple`, ...; `bfcl.SUITES`) from `bfcl_dir()`; `bigbench:TASK`,
 `bigbench:TASK/SUBTASK` or a mixture `bigbench:TASK+TASK` from `bigbench_dir()`; a path to a
 `.jsonl` or BIG-bench `task.json` file;
 a suite stored with `import_jsonl` (looked up with `store.get_suite`). The loaded suite's `name` is
@@ -23,6 +24,9 @@ from typing import Any
 from ecdysis.errors import ConfigError, InputError, NotFound
 from ecdysis.records import SPLITS, Suite
 from ecdysis.store import Store
+from ecdysis.suites.bfcl import SUITES as BFCL_SUITES
+from ecdysis.suites.bfcl import is_fetched as bfcl_fetched
+from ecdysis.suites.bfcl import bfcl_dir, load_bfcl, question_file
 from ecdysis.suites.bigbench import PREFIX as BIGBENCH_PREFIX
 from ecdysis.suites.bigbench import bigbench_dir, bigbench_tasks, load_bigbench, load_task_file
 from ecdysis.suites.builtin import builtin_suite, builtin_suite_names
@@ -31,7 +35,8 @@ from ecdysis.suites.jsonl import import_jsonl, load_jsonl
 from ecdysis.suites.scorers import resolve, score
 from ecdysis.suites.splits import assign_splits
 
-__all__ = ["assign_splits", "bigbench_catalogue", "uncatalogued_tasks", "bigbench_dir", "bigbench_tasks", "builtin_suite_names",
+__all__ = ["assign_splits", "bfcl_dir", "bfcl_suites", "bigbench_catalogue", "uncatalogued_tasks", "bigbench_dir",
+           "bigbench_tasks", "builtin_suite_names",
            "describe_suites",
            "import_jsonl", "load_jsonl", "load_suite", "score"]
 
@@ -68,8 +73,11 @@ _cache_lock = threading.Lock()
 
 
 def _file_stamp(name: str) -> tuple[str, int, int] | None:
-    """(resolved path, size, mtime in ns) of a suite file, None for every other kind of name."""
-    if name in builtin_suite_names() or name.startswith(BIGBENCH_PREFIX) or not name.endswith(_FILE_SUFFIXES):
+    """(resolved path, size, mtime in ns) of a suite file, None for every other kind of name. A BFCL
+    suite's stamp is its question file's: the CLI and the app list all five at every call."""
+    if name in BFCL_SUITES:
+        name = str(question_file(BFCL_SUITES[name]))
+    elif name in builtin_suite_names() or name.startswith(BIGBENCH_PREFIX) or not name.endswith(_FILE_SUFFIXES):
         return None
     try:
         path = Path(name).expanduser().resolve()
@@ -79,17 +87,25 @@ def _file_stamp(name: str) -> tuple[str, int, int] | None:
     return (str(path), st.st_size, st.st_mtime_ns) if path.is_file() else None
 
 
-def describe_suites(store: Store | None = None, *, bigbench: bool = True) -> list[dict[str, Any]]:
-    """One row per built-in, stored and (with `bigbench`) fetched BIG-bench suite: name, size,
-    categories, scorer, answer forms, splits, source, description."""
+def describe_suites(store: Store | None = None, *, bigbench: bool = True,
+                    bfcl: bool = True) -> list[dict[str, Any]]:
+    """One row per built-in, stored, (with `bfcl`) fetched BFCL and (with `bigbench`) fetched
+    BIG-bench suite: name, size, categories, scorer, answer forms, splits, source, description."""
     suites = [load_suite(n) for n in builtin_suite_names()]
+    if bfcl:
+        suites += [load_suite(n) for n in bfcl_suites()]
     if store is not None:
-        taken = set(builtin_suite_names())
+        taken = set(builtin_suite_names()) | set(BFCL_SUITES)
         suites += [_prepared(s) for s in store.list_suites() if s.name not in taken]
     rows = [_describe(s) for s in suites]
     if bigbench:  # what the catalogue holds: building it takes minutes, so set-up does that
         rows += [r for r in bigbench_catalogue(build=False) if "error" not in r]
     return rows
+
+
+def bfcl_suites(root: Path | None = None) -> list[str]:
+    """The BFCL suite names, when their files are fetched (else none: `bfcl.FETCH_HINT` says how)."""
+    return list(BFCL_SUITES) if bfcl_fetched(root) else []
 
 
 CATALOGUE_FILE = "ecdysis-catalogue.json"
@@ -186,6 +202,8 @@ def _scorer_per_category(suite: Suite) -> dict[str, str]:
 def _resolve(name: str, store: Store | None) -> Suite:
     if name in builtin_suite_names():
         return builtin_suite(name)
+    if name in BFCL_SUITES:
+        return load_bfcl(name)
     if name.startswith(BIGBENCH_PREFIX):
         return load_bigbench(name[len(BIGBENCH_PREFIX):], name=name)
     path = Path(name).expanduser()
@@ -200,7 +218,8 @@ def _resolve(name: str, store: Store | None) -> Suite:
 
 
 def _known_hint(store: Store | None) -> str:
-    parts = [f"built-in: {', '.join(builtin_suite_names())}"]
+    parts = [f"built-in: {', '.join(builtin_suite_names())}",
+             f"BFCL: {', '.join(BFCL_SUITES)}" + ("" if bfcl_fetched() else " once `scripts/fetch_bfcl.py` has run")]
     if store is not None:
         stored = sorted(s.name for s in store.list_suites())
         parts.append(f"stored: {', '.join(stored) if stored else 'none'}")

@@ -14,6 +14,9 @@ Kinds (`SCORERS`; adding one is a function plus a line in that dict):
   pattern that can backtrack exponentially is refused (`check_pattern`): a quantifier over a part
   that holds another quantifier, such as `^(a+)+$`, must be possessive (`(a+)++`) or atomic
   (`(?>(a+)+)`), which Python's `re` supports since 3.11.
+- `bfcl_ast` — the answer holds function calls (JSON or Python syntax, see `calls.parse_calls`),
+  checked by BFCL's AST rules against the possible answer in the target, with the function docs
+  in `instance.fields["functions"]` (see `bfcl.check_calls`); a target of [] means "call nothing".
 - `by_category` — a mixed suite: option `categories` maps category -> {"kind", "options"}, and
   option `default` (same shape) covers any other category. `resolve` gives the spec actually used.
 
@@ -33,6 +36,7 @@ from typing import Any
 
 from ecdysis.errors import ConfigError
 from ecdysis.records import Instance, ScorerSpec
+from ecdysis.suites.bfcl import score_bfcl
 
 Scorer = Callable[[str, Instance, Mapping[str, Any]], bool]
 
@@ -192,6 +196,10 @@ def _nested_repeat(items: list[Any], *, inside_repeat: bool) -> bool:
     return False
 
 
+def bfcl_ast(answer: str, instance: Instance, options: Mapping[str, Any]) -> bool:
+    return score_bfcl(answer, instance).correct
+
+
 def by_category(answer: str, instance: Instance, options: Mapping[str, Any]) -> bool:
     return score(answer, instance, _category_spec(instance, options))
 
@@ -201,6 +209,7 @@ SCORERS: dict[str, Scorer] = {
     "numeric": numeric,
     "multiple_choice": multiple_choice,
     "regex": regex,
+    "bfcl_ast": bfcl_ast,
     "by_category": by_category,
 }
 
