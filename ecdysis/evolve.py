@@ -124,7 +124,7 @@ class Evolver:
         suite = self.svc.suite(config.suite)
         for model in config.models:
             self.svc.backend(model)  # an unknown model or a missing key fails before any work
-        base = self.svc.harness(config.harness)
+        base = self.svc.harness(config.harness, suite=suite)
         if not suite.split("train") or not suite.split("validation"):
             raise ConfigError(f"suite {suite.name!r} needs train and validation instances")
         now = time.time()

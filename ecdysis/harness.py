@@ -10,11 +10,14 @@ import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ecdysis.errors import InputError, NotFound
 from ecdysis.store import HarnessVersion, Store
 
 STARTER_DIR = Path(__file__).resolve().parent / "starter_harness"
+# The starter for function-calling suites (bfcl-*): the tools in the prompt, the calls as the answer.
+STARTER_AGENT_DIR = Path(__file__).resolve().parent / "starter_agent"
 MAX_FILE_BYTES = 256 * 1024
 MAX_FILES = 64
 TEXT_SUFFIXES = {".toml", ".md", ".py", ".txt", ".json", ".jsonl", ".yaml", ".yml"}
@@ -175,10 +178,26 @@ def ensure_starter(store: Store) -> HarnessVersion:
     return existing or store.put_harness(version)
 
 
-def resolve(store: Store, ref: str | None) -> HarnessVersion:
-    """A version id (or unique prefix), `starter`, or a harness folder on disk (stored on use)."""
-    if ref in (None, "", "starter"):
+def ensure_starter_agent(store: Store) -> HarnessVersion:
+    version = new_version(read_dir(STARTER_AGENT_DIR), parent=None, note="starter agent harness", status="starter")
+    return store.get_harness(version.id) or store.put_harness(version)
+
+
+def calls_functions(suite: Any) -> bool:
+    """Whether a suite's answers are function calls (scored `bfcl_ast`): its default starter is then
+    the agent harness, since the plain starter never shows the model the functions."""
+    return getattr(getattr(suite, "scorer", None), "kind", None) == "bfcl_ast"
+
+
+def resolve(store: Store, ref: str | None, *, suite: Any = None) -> HarnessVersion:
+    """A version id (or unique prefix), `starter`, `starter-agent`, or a harness folder on disk
+    (stored on use). No ref: the starter that fits `suite` (the agent harness for function calls)."""
+    if ref in (None, ""):
+        return ensure_starter_agent(store) if calls_functions(suite) else ensure_starter(store)
+    if ref == "starter":
         return ensure_starter(store)
+    if ref == "starter-agent":
+        return ensure_starter_agent(store)
     assert ref is not None
     path = Path(ref)
     if path.is_dir():

@@ -304,8 +304,8 @@ class Service(ReviewAPI):
                 raise InputError(message, path=filename, line=exc.line, hint=exc.hint) from None
 
     # ---- harnesses
-    def harness(self, ref: str | None) -> HarnessVersion:
-        return harness_mod.resolve(self.store, ref)
+    def harness(self, ref: str | None, *, suite: Suite | None = None) -> HarnessVersion:
+        return harness_mod.resolve(self.store, ref, suite=suite)
 
     def harnesses(self) -> list[HarnessVersion]:
         harness_mod.ensure_starter(self.store)
@@ -331,7 +331,7 @@ class Service(ReviewAPI):
         check_limit("--limit", req.limit)
         suite = self.suite(req.suite)
         self.backend(req.model)  # fail fast on an unknown model or a missing key
-        version = self.harness(req.harness)
+        version = self.harness(req.harness, suite=suite)
         return Runner(self.store, limits=self.limits()).create(
             suite, req.model, version, split=req.split, limit=req.limit,
             concurrency=req.concurrency, label=req.label)

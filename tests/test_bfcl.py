@@ -493,8 +493,9 @@ def test_the_starter_agent_reads_calls_out_of_a_wordy_reply(reply: str, names: l
 
 
 def test_a_run_through_the_starter_agent_presents_the_tools_and_scores_the_calls(bfcl: Path, tmp_path: Path) -> None:
-    """`ecdysis run --suite bfcl-simple` with a scripted model that answers each question right, in
-    three of the shapes models write (JSON, Python in a fence after prose, Qwen's <tool_call>)."""
+    """`ecdysis run --suite bfcl-simple` with no --harness runs the starter agent (a function-calling
+    suite's default starter), with a scripted model that answers each question right, in three of
+    the shapes models write (JSON, Python in a fence after prose, Qwen's <tool_call>)."""
     suite = load_suite("bfcl-simple")
     rules = []
     for n, inst in enumerate(sorted(suite.instances, key=lambda i: -len(i.input))):
@@ -505,8 +506,7 @@ def test_a_run_through_the_starter_agent_presents_the_tools_and_scores_the_calls
     script = tmp_path / "model.json"
     script.write_text(json.dumps({"rules": rules, "default": "no rule matched"}))
     home = tmp_path / "home"
-    proc = ecdysis("run", "--suite", "bfcl-simple", "--model", f"scripted:{script}", "--limit", "3",
-                   "--harness", str(AGENT), "--json",
+    proc = ecdysis("run", "--suite", "bfcl-simple", "--model", f"scripted:{script}", "--limit", "3", "--json",
                    env_extra={"ECDYSIS_HOME": str(home), "ECDYSIS_BFCL_DIR": str(bfcl)})
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
@@ -525,3 +525,13 @@ def test_a_run_through_the_starter_agent_presents_the_tools_and_scores_the_calls
         inst = by_id[instance_id]
         name = inst.fields["functions"][0]["name"]
         assert any(name in p and inst.input in p and "JSON list" in p for p in prompts), name
+
+
+def test_the_default_starter_follows_the_suite(bfcl: Path, store) -> None:
+    """No harness named: a function-calling suite gets the starter agent, others the plain starter;
+    both can be named (`starter`, `starter-agent`)."""
+    from ecdysis.harness import STARTER_AGENT_DIR, read_dir, resolve, starter_files
+    agent = resolve(store, None, suite=load_suite("bfcl-simple"))
+    assert agent.files == read_dir(STARTER_AGENT_DIR) and "calls.py" in agent.files
+    assert resolve(store, None, suite=load_suite("reasoning-mix")).files == starter_files()
+    assert resolve(store, "starter-agent").id == agent.id and resolve(store, "starter").files == starter_files()
