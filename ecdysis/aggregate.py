@@ -457,6 +457,9 @@ class Cluster:
     evidence: list[str]
     rates: dict[str, ModelRate] = field(default_factory=dict)
     consistency: float = 0.0
+    # The recoverability probe's record (`ecdysis.probe`): model, members, and per repair tried how
+    # many came back right; "operator" names the repair that made the cluster harness-level.
+    probe: dict[str, Any] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -493,6 +496,7 @@ class Cluster:
                                 "failed_otherwise": r.failed_otherwise, "kin": r.kin}
                             for m, r in self.rates.items()},
             "members": [f.to_json() for f in self.failures],
+            **({"probe": self.probe} if self.probe else {}),
         }
 
     @staticmethod
@@ -503,7 +507,7 @@ class Cluster:
             systematicity=float(data["systematicity"]), components=dict(data.get("components", {})),
             verdict=data["verdict"], reason=data["reason"], evidence=list(data.get("evidence", [])),
             rates={m: ModelRate(**r) for m, r in data.get("model_rates", {}).items()},
-            consistency=float(data.get("consistency", 0.0)))
+            consistency=float(data.get("consistency", 0.0)), probe=dict(data.get("probe") or {}))
 
 
 # ---------------------------------------------------------------- aggregation

@@ -22,6 +22,7 @@ from ecdysis.errors import InputError, NotFound
 from ecdysis.failures import Failure, extract_failures
 from ecdysis.models.base import ModelBackend
 from ecdysis.models.gateway import ModelGateway
+from ecdysis.probe import probe_clusters
 from ecdysis.records import InstanceResult, RunRecord, Suite
 from ecdysis.refine import CriticChecks, DataIndex, Proposal, RefineOutcome, Refiner, SmokeRunner
 from ecdysis.roles import make_role_backend
@@ -180,7 +181,7 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
              current_files: Mapping[str, str] | None = None, limits: SandboxLimits | None = None,
              max_proposals: int | None = None, only_instances: Sequence[str] | None = None,
              events: Callable[[Event], None] | None = None, budget: CallBudget | None = None,
-             history: Sequence[Mapping[str, Any]] = (), passes: int = 2) -> DiagnosisReport:
+             history: Sequence[Mapping[str, Any]] = (), passes: int = 2, probe: bool = True) -> DiagnosisReport:
     """Diagnose the failures of `run_ids` as one batch.
 
     `role_backend` is "heuristic" (default, offline), a model name or model backend for the LLM
@@ -196,6 +197,8 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
     `CaseFile.history`): the roles see it, and a change that was not kept is not proposed again.
     `passes` is the number of refinement passes: pass 1 is Investigator -> Attributor ->
     Proposer <-> Critic; each later pass reviews the accepted specification (see `Refiner`).
+    `probe` runs the recoverability probe (`ecdysis.probe`) on clusters one model alone shows,
+    before refinement, in a whole-batch diagnosis.
     Raises NotFound/InputError for unknown runs."""
     emit = events or (lambda e: None)
     started = time.perf_counter()
@@ -215,6 +218,16 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
                         limits or SandboxLimits(timeout_s=60.0),
                         scorers={name: s.scorer for name, s in batch.suites.items()})
     checks = CriticChecks(index, smoke, dict(current_files or batch.harness.files))
+    if probe and only_instances is None:
+        scorers = {name: s.scorer for name, s in batch.suites.items()}
+
+        def runner_for(model: str) -> SmokeRunner:
+            backend = _resolve_model(model, model, backend_factory)
+            return SmokeRunner(ModelGateway(backend, store, budget=budget), limits or SandboxLimits(timeout_s=60.0),
+                               scorers=scorers)
+        clusters = probe_clusters(clusters, dict(current_files or batch.harness.files), exemplars, instances,
+                                  runner_for)
+        emit({"type": "probed", "harness_level": sum(c.verdict == "harness-level" for c in clusters)})
     refiner = Refiner(backend, checks, max_rounds=max_rounds, respect_verdicts=only_instances is None, passes=passes)
     outcomes, proposals = _refine_all(clusters, batch, exemplars, refiner, max_proposals, emit,
                                       [dict(h) for h in history])

@@ -177,9 +177,12 @@ class LeakageCheck:
                  for key in sorted(declared) if key not in index.exemplars]
         allowed = declared & set(index.exemplars)
         added = [(d.path, line) for d in diffs for line in d.added_lines()]
-        for path, line in added:
-            found += self._line(line, path, allowed, self._quotes_exemplar(line, allowed, index), index)
-        found += self._quoted(added, allowed, index)
+        quoting = [self._quotes_exemplar(line, allowed, index) for _, line in added]
+        for (path, line), exemplar_line in zip(added, quoting):
+            found += self._line(line, path, allowed, exemplar_line, index)
+        # A line quoting a sanctioned exemplar is the exemplar's own text: on a templated task (formal
+        # fallacies) it shares runs of words with other instances' questions, which is no leak of them.
+        found += self._quoted([a for a, q in zip(added, quoting) if not q], allowed, index)
         return list(dict.fromkeys(found))
 
     @staticmethod

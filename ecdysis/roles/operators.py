@@ -928,6 +928,10 @@ class Ranking:
             # scoring comes after worked examples and before 5-sample voting, which costs 4 calls more.
             place = {"truncated": 0, "empty_output": 0, "wrong_answer": 1}.get(cluster.type, 1)
             names.insert(min(place, len(names)), "option_scoring")
+        probed = (cluster.probe or {}).get("operator")
+        if probed:
+            # The repair the recoverability probe saw bring most of these failures back comes first.
+            names = [probed] + [n for n in names if n != probed]
         return Ranking(names)
 
 

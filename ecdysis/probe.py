@@ -1,0 +1,98 @@
+"""The recoverability probe: evidence that a cluster one model shows is the harness's to repair.
+
+Aggregation calls a cluster harness-level when two models show it. A cluster only one model shows
+is, on that evidence alone, the model's quirk or unattributable, and gets no patch. But the
+harness may still be what fails there: on a mixture of four BIG-bench tasks, Qwen 0.5B's wrong
+answers formed clusters SmolLM2 did not share, and worked examples in the prompt took validation
+from 0.43 to 0.82. The probe asks the harness itself. The cluster's first catalogue repairs that
+add no model call are applied in turn and run on a few of its failures, with the model that
+failed them; when one repair gets most of them right, the cluster is harness-level on that
+evidence, and its reason says which repair, how many, on which model (a person can rerun it).
+
+The probe runs on train failures only, never on validation or test instances, and each of its
+calls goes through the cache and the budget like any smoke run."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+from ecdysis.aggregate import Cluster, PriorityOrder
+from ecdysis.errors import EcdysisError
+from ecdysis.records import Instance
+from ecdysis.refine import SmokeRunner, expected_calls
+from ecdysis.roles.base import Exemplar
+from ecdysis.roles.operators import OPERATORS, ProposalError, Ranking, RepairInput
+
+PROBE_SIZE = 3        # failures of the cluster each repair is run on
+PROBE_OPERATORS = 2   # catalogue repairs tried per cluster, best ranked first
+MIN_INSTANCES = 3     # a smaller cluster is noise whatever a probe says
+PROBED_TYPES = frozenset({"off_format", "invalid_choice", "truncated", "empty_output", "wrong_answer"})
+
+
+def wants_probe(cluster: Cluster) -> bool:
+    """A cluster that recurs but that one model alone shows: not harness-level, at least
+    `MIN_INSTANCES` instances, a failure type a catalogue repair addresses."""
+    showing = [m for m, r in cluster.rates.items() if r.ran and r.hit]
+    return (cluster.verdict != "harness-level" and cluster.type in PROBED_TYPES
+            and len(cluster.instances) >= MIN_INSTANCES and len(showing) <= 1)
+
+
+def probe_clusters(clusters: Sequence[Cluster], files: Mapping[str, str], exemplars: Sequence[Exemplar],
+                   instances: Mapping[str, Instance], runner_for: Callable[[str], SmokeRunner]) -> list[Cluster]:
+    """`clusters` with each one that `wants_probe` probed (promoted to harness-level when a repair
+    recovers most of the failures probed), in priority order again."""
+    out = [probe(c, files, exemplars, instances, runner_for) if wants_probe(c) else c for c in clusters]
+    return PriorityOrder().order(out)
+
+
+def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exemplar],
+          instances: Mapping[str, Instance], runner_for: Callable[[str], SmokeRunner]) -> Cluster:
+    model = max(cluster.models.items(), key=lambda kv: (kv[1], kv[0]))[0]
+    members = [(f.key, instances[f.key]) for f in sorted(cluster.failures, key=lambda f: f.key)
+               if f.model == model and f.key in instances and instances[f.key].split == "train"][:PROBE_SIZE]
+    if len(members) < 2:
+        return cluster
+    try:
+        runner = runner_for(model)
+    except EcdysisError:  # a model this process cannot reach (a stored run of a remote model, no key)
+        return cluster
+    tried: list[str] = []
+    record: dict[str, Any] = {"model": model, "members": [k for k, _ in members], "right": {}}
+    for name, patched in _repairs(cluster, files, exemplars):
+        right = [key for key, inst in members if runner.still_passes(patched, inst, key.split("/", 1)[0])]
+        tried.append(f"{name} {len(right)}/{len(members)}")
+        record["right"][name] = right
+        if len(right) >= 2 and 2 * len(right) > len(members):
+            reason = (f"Recoverable by the harness: with {name}, {len(right)} of {len(members)} of these failures "
+                      f"on {model} come back right (probe). Before the probe: {cluster.reason}")
+            evidence = [f"probe: {name} on {model}: {', '.join(right)} right"] + list(cluster.evidence)
+            return dataclasses.replace(cluster, verdict="harness-level", reason=reason, evidence=evidence,
+                                       probe={**record, "operator": name})
+    if not tried:
+        return cluster
+    return dataclasses.replace(cluster, probe=record, reason=f"{cluster.reason} Probe on {model}'s failures: "
+                               f"{'; '.join(tried)} came back right, too few to call it the harness's.")
+
+
+def _repairs(cluster: Cluster, files: Mapping[str, str],
+             exemplars: Sequence[Exemplar]) -> list[tuple[str, dict[str, str]]]:
+    """The cluster's first `PROBE_OPERATORS` catalogue repairs that apply, are not in the harness
+    yet and add no model call (a probe of voting would cost five calls a member), with their files."""
+    out: list[tuple[str, dict[str, str]]] = []
+    calls = expected_calls(files)
+    for name in Ranking.for_cluster(cluster).names:
+        op = OPERATORS.get(name)
+        inp = RepairInput(files, cluster, exemplars)
+        if op is None or op.present(files) or op.unavailable(inp):
+            continue
+        try:
+            patched = {**files, **op.apply(inp).files}
+        except (ProposalError, KeyError, ValueError):
+            continue
+        if expected_calls(patched) > calls:
+            continue
+        out.append((name, patched))
+        if len(out) >= PROBE_OPERATORS:
+            break
+    return out
