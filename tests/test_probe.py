@@ -1,0 +1,79 @@
+"""The recoverability probe on the planted world (tests/diagnosis_fixtures.py). Pattern M is beta's
+alone: on instances 3-4 of every category it replies with prose and no answer while alpha answers,
+so aggregation calls the cluster model-specific. Here beta answers properly once the prompt asks
+for the answer's form, so the harness *can* recover those failures; the probe finds that out with
+a few real (scripted) calls and the cluster becomes harness-level with a reason a person can check.
+A beta that ignores the instruction leaves the cluster as it was, with what the probe tried."""
+
+from __future__ import annotations
+
+from diagnosis_fixtures import M_REPLY, MemoryStore, answer_form, plant
+from ecdysis.budget import CallBudget
+from ecdysis.diagnosis import diagnose
+from ecdysis.models.scripted import Rule, ScriptedBackend
+from ecdysis.records import Completion, CompletionRequest
+from ecdysis.roles.operators import AnswerFormatInstruction
+
+INSTRUCTION = AnswerFormatInstruction().system_text
+
+
+class Instructable:
+    """beta, scripted: prose with no answer, unless any message carries the answer-format
+    instruction, then the right answer in the form the task asks."""
+
+    max_concurrency = 8
+    deterministic = True
+    scores_options = False
+
+    def __init__(self, suite, follows: bool) -> None:
+        self.model_id = "beta"
+        self.follows = follows
+        self.plain = ScriptedBackend(model_id="beta", default=M_REPLY)
+        self.told = ScriptedBackend([Rule(text=answer_form(i), match=i.input) for i in suite.instances],
+                                    model_id="beta", default=M_REPLY)
+        self.history: list[CompletionRequest] = []
+
+    def complete(self, request: CompletionRequest) -> Completion:
+        self.history.append(request)
+        told = self.follows and any(INSTRUCTION in content for _, content in request.messages)
+        return (self.told if told else self.plain).complete(request)
+
+    def close(self) -> None:
+        pass
+
+
+def diagnosed(follows: bool):
+    store = MemoryStore()
+    run_ids, suite, _ = plant(store)
+    beta = Instructable(suite, follows)
+    alpha = ScriptedBackend([Rule(text=answer_form(i), match=i.input) for i in suite.instances], model_id="alpha")
+    budget = CallBudget()
+    report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=alpha,
+                      backend_factory={"alpha": alpha, "beta": beta}.__getitem__, budget=budget)
+    quirk = next(c for c in report.clusters if set(c.models) == {"beta"} and len(c.instances) >= 3)
+    return report, quirk, beta, budget
+
+
+def test_a_one_model_cluster_the_harness_can_recover_becomes_harness_level() -> None:
+    report, quirk, beta, budget = diagnosed(follows=True)
+    assert quirk.verdict == "harness-level", quirk.reason
+    assert quirk.reason.startswith("Recoverable by the harness: with answer_format_instruction, 3 of 3 of these "
+                                   "failures on beta come back right (probe). Before the probe: Specific to beta")
+    assert quirk.probe["operator"] == "answer_format_instruction" and len(quirk.probe["members"]) == 3
+    assert all(key.split("/")[1].endswith(("-003", "-004")) for key in quirk.probe["members"])
+    assert any(e.startswith("probe: answer_format_instruction on beta") for e in quirk.evidence)
+    # the probe ran beta on its own failures, with the instruction, and each call was charged
+    probed = [r for r in beta.history if any(INSTRUCTION in c for _, c in r.messages)]
+    assert len(probed) >= 3 and budget.calls >= len(beta.history)
+    # ... and the repair it found is the one proposed for the cluster
+    mine = [p for p in report.proposals if p.cluster_id == quirk.id]
+    assert mine and mine[0].spec.operator == "answer_format_instruction"
+    assert report.to_json()["clusters"][[c.id for c in report.clusters].index(quirk.id)]["probe"] == quirk.probe
+
+
+def test_a_cluster_no_repair_recovers_stays_the_models_with_what_was_tried() -> None:
+    report, quirk, beta, _ = diagnosed(follows=False)
+    assert quirk.verdict == "model-specific", quirk.reason
+    assert "Probe on beta's failures: answer_format_instruction 0/3" in quirk.reason
+    assert quirk.probe["model"] == "beta" and "operator" not in quirk.probe
+    assert not [p for p in report.proposals if p.cluster_id == quirk.id]
