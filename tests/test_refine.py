@@ -243,27 +243,38 @@ def test_store_report_persists_the_diagnosis_and_its_proposals(kind: str, reques
     assert "ecdysis operator: answer_extraction" in stored[0].files["harness.py"]
 
 
-class _BadFirstProposer:
-    """The heuristic roles, except that the Proposer's first draft is a planted bad change: a
-    harness that answers "0" to everything. It loads, applies and quotes no data, so every hard
-    check passes and the Critic accepts it in pass 1."""
+class _FirstDraftProposer:
+    """The heuristic roles, except that the Proposer's first draft is `first(case)`'s output."""
 
-    name = "bad-first"
+    name = "first-draft"
 
     def __init__(self) -> None:
         from ecdysis.roles.heuristic import HeuristicRoleBackend
         self.inner = HeuristicRoleBackend()
         self.proposed = 0
 
+    def first(self, case) -> tuple[dict, str]:
+        raise NotImplementedError
+
     def run(self, role, case, round):
         if role == "proposer" and self.proposed == 0:
             self.proposed += 1
             from ecdysis.roles.base import RoleMessage, RoleTurn
-            code = case.files["harness.py"] + "\n\n_solve = solve\n\ndef solve(task, model, harness):\n    " \
-                                              "_solve(task, model, harness)\n    return '0'\n"
-            output = {"operator": "", "spec": SPEC, "files": {"harness.py": code}, "replies": []}
-            return RoleTurn(output, [RoleMessage(round, "proposer", "output", self.name, "always 0", output)])
+            output, text = self.first(case)
+            return RoleTurn(output, [RoleMessage(round, "proposer", "output", self.name, text, output)])
         return self.inner.run(role, case, round)
+
+
+class _BadFirstProposer(_FirstDraftProposer):
+    """The first draft is a planted bad change: a harness that answers "0" to everything. It loads,
+    applies and quotes no data, so every hard check passes and the Critic accepts it in pass 1."""
+
+    name = "bad-first"
+
+    def first(self, case) -> tuple[dict, str]:
+        code = case.files["harness.py"] + "\n\n_solve = solve\n\ndef solve(task, model, harness):\n    " \
+                                          "_solve(task, model, harness)\n    return '0'\n"
+        return {"operator": "", "spec": SPEC, "files": {"harness.py": code}, "replies": []}, "always 0"
 
 
 def test_a_review_pass_revises_an_accepted_spec_that_breaks_passing_instances() -> None:
@@ -290,23 +301,13 @@ def test_a_review_pass_revises_an_accepted_spec_that_breaks_passing_instances() 
     assert one.proposals[0].spec.operator in ("", None) and one.proposals[0].status == "accepted"
 
 
-class _VotingFirstProposer:
+class _VotingFirstProposer(_FirstDraftProposer):
     """Proposes 5-sample voting first, then whatever the heuristic Proposer would."""
 
     name = "voting-first"
 
-    def __init__(self) -> None:
-        from ecdysis.roles.heuristic import HeuristicRoleBackend
-        self.inner = HeuristicRoleBackend()
-        self.proposed = 0
-
-    def run(self, role, case, round):
-        if role == "proposer" and self.proposed == 0:
-            self.proposed += 1
-            from ecdysis.roles.base import RoleMessage, RoleTurn
-            output = {"operator": "self_consistency", "spec": {}, "replies": []}
-            return RoleTurn(output, [RoleMessage(round, "proposer", "output", self.name, "vote", output)])
-        return self.inner.run(role, case, round)
+    def first(self, case) -> tuple[dict, str]:
+        return {"operator": "self_consistency", "spec": {}, "replies": []}, "vote"
 
 
 def test_a_draft_that_multiplies_calls_must_first_recover_one_of_its_clusters_failures() -> None:
