@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ecdysis.aggregate import Cluster, PriorityOrder
 from ecdysis.errors import EcdysisError
 from ecdysis.records import Instance
-from ecdysis.refine import SmokeRunner, expected_calls
+from ecdysis.refine import SmokeRunner, expected_calls, train_failures
 from ecdysis.roles.base import Exemplar
 from ecdysis.roles.operators import OPERATORS, ProposalError, Ranking, RepairInput
 
@@ -49,8 +49,7 @@ def probe_clusters(clusters: Sequence[Cluster], files: Mapping[str, str], exempl
 def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exemplar],
           instances: Mapping[str, Instance], runner_for: Callable[[str], SmokeRunner]) -> Cluster:
     model = max(cluster.models.items(), key=lambda kv: (kv[1], kv[0]))[0]
-    members = [(f.key, instances[f.key]) for f in sorted(cluster.failures, key=lambda f: f.key)
-               if f.model == model and f.key in instances and instances[f.key].split == "train"][:PROBE_SIZE]
+    members = train_failures(cluster, instances, model)[:PROBE_SIZE]
     if len(members) < 2:
         return cluster
     try:
@@ -60,7 +59,7 @@ def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exempl
     tried: list[str] = []
     record: dict[str, Any] = {"model": model, "members": [k for k, _ in members], "right": {}}
     for name, patched in _repairs(cluster, files, exemplars):
-        right = [key for key, inst in members if runner.still_passes(patched, inst, key.split("/", 1)[0])]
+        right = runner.recovered(patched, members)
         tried.append(f"{name} {len(right)}/{len(members)}")
         record["right"][name] = right
         if len(right) >= 2 and 2 * len(right) > len(members):

@@ -18,7 +18,8 @@ from typing import Any, Literal, Mapping, Sequence
 from ecdysis.diffs import ApplyResult, FileDiff, apply_diffs, diff_files
 from ecdysis.errors import BudgetExceeded, EcdysisError, InputError, ModelError
 from ecdysis.harness import validate_files
-from ecdysis.models.gateway import MAX_CALLS_PER_SOLVE, ModelGateway, harness_reply, harness_request
+from ecdysis.models.gateway import (CALL_LIMIT_MESSAGE, MAX_CALLS_PER_SOLVE, ModelGateway, harness_reply,
+                                    harness_request)
 from ecdysis.records import Instance, ScorerSpec
 from ecdysis.roles.base import CaseFile, CheckResult, Draft, Exemplar, ModificationSpec, RoleBackend, RoleMessage
 from ecdysis.roles.operators import OPERATORS, ProposalError, materialize
@@ -235,6 +236,15 @@ class LeakageCheck:
 HEADROOM_PROBES = 3
 
 
+def train_failures(cluster: Any, instances: Mapping[str, Instance], model: str, *,
+                   others_too: bool = False) -> list[tuple[str, Instance]]:
+    """The cluster's failing train instances as (key, instance), `model`'s own failures first, by
+    key (with `others_too`, then the other models' failures)."""
+    mine = {f.key for f in cluster.failures if f.model == model}
+    keys = sorted(mine) + (sorted({f.key for f in cluster.failures} - mine) if others_too else [])
+    return [(k, inst) for k in keys if (inst := instances.get(k)) is not None and inst.split == "train"]
+
+
 @dataclass
 class SmokeRunner:
     """Runs a patched harness on one instance in the sandbox, with a real model through the
@@ -250,7 +260,7 @@ class SmokeRunner:
 
         def on_generate(req: dict[str, Any]) -> dict[str, Any]:
             if calls[0] >= MAX_CALLS_PER_SOLVE:
-                errors.append(f"the harness made {MAX_CALLS_PER_SOLVE} model calls, the most one solve() may make")
+                errors.append(CALL_LIMIT_MESSAGE)
                 return {"op": "model_error", "message": errors[-1]}
             calls[0] += 1
             try:
@@ -282,6 +292,10 @@ class SmokeRunner:
             return False
         return True if result.detail.endswith("(correct)") else None
 
+    def recovered(self, files: dict[str, str], members: Sequence[tuple[str, Instance]]) -> list[str]:
+        """The keys ("suite/id") of `members` (failures) the patched harness now gets right."""
+        return [key for key, inst in members if self.still_passes(files, inst, key.split("/", 1)[0])]
+
     @staticmethod
     def _score(answer: str, instance: Instance, scorer: ScorerSpec | None) -> str:
         """Informational only: gating on one instance's correctness would fit the patch to it."""
@@ -311,15 +325,13 @@ class CriticChecks:
         except InputError as exc:
             results.append(CheckResult("loads", False, f"the patched harness does not load: {exc}"))
         else:
-            if not all(r.ok for r in results):
-                # A patch that repeats a repair already present, or does not apply, is not run (it
-                # has failed already): the same wrapper applied twice calls itself, call after call.
-                results.append(self.leakage.check(diffs, draft.spec, self.index))
-                return results, diffs
-            key = self._smoke_key(case)
-            results.append(self.smoke.run(draft.files, self.index.instances[key], key.split("/", 1)[0]))
-            if results[-1].ok and expected_calls(draft.files) > expected_calls(case.files):
-                results.append(self._headroom(case, draft))
+            # A patch that repeats a repair already present, or does not apply, is not run (it has
+            # failed already): the same wrapper applied twice calls itself, call after call.
+            if all(r.ok for r in results):
+                key = self._smoke_key(case)
+                results.append(self.smoke.run(draft.files, self.index.instances[key], key.split("/", 1)[0]))
+                if results[-1].ok and expected_calls(draft.files) > expected_calls(case.files):
+                    results.append(self._headroom(case, draft))
         results.append(self.leakage.check(diffs, draft.spec, self.index))
         return results, diffs
 
@@ -331,13 +343,10 @@ class CriticChecks:
         failures is not worth that."""
         calls = expected_calls(draft.files)
         mine = self.smoke.gateway.model_id
-        keys = sorted({f.key for f in case.cluster.failures},
-                      key=lambda k: (not any(f.key == k and f.model == mine for f in case.cluster.failures), k))
-        probes = [(k, inst) for k in keys if (inst := self.index.instances.get(k)) is not None
-                  and inst.split == "train"][:HEADROOM_PROBES]
+        probes = train_failures(case.cluster, self.index.instances, mine, others_too=True)[:HEADROOM_PROBES]
         if not probes:
             return CheckResult("headroom", True, "no train instance of the cluster to probe; screening decides")
-        recovered = [k for k, inst in probes if self.smoke.still_passes(draft.files, inst, k.split("/", 1)[0])]
+        recovered = self.smoke.recovered(draft.files, probes)
         if not recovered:
             return CheckResult("headroom", False, f"the patched harness may make up to {calls:g} model calls per "
                                                   f"instance but recovers none of {len(probes)} of the cluster's "

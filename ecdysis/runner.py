@@ -15,7 +15,8 @@ from ecdysis.budget import CallBudget
 from ecdysis.errors import BudgetExceeded, InputError, ModelError, NotFound
 from ecdysis.executors import Batch, Executor
 from ecdysis.models.base import ModelBackend
-from ecdysis.models.gateway import MAX_CALLS_PER_SOLVE, ModelGateway, harness_reply, harness_request
+from ecdysis.models.gateway import (CALL_LIMIT_MESSAGE, MAX_CALLS_PER_SOLVE, ModelGateway, harness_reply,
+                                    harness_request)
 from ecdysis.records import (Instance, InstanceResult, ModelCall, RunRecord, RunSummary,
                              ScorerSpec, Suite)
 from ecdysis.sandbox import SandboxLimits, WorkerPool, isolation
@@ -187,8 +188,7 @@ class InstanceRunner:
                 return {"op": "model_error", "message": f"bad request: {exc}"}
             try:
                 if len(calls) >= MAX_CALLS_PER_SOLVE:
-                    raise ModelError(f"the harness made {MAX_CALLS_PER_SOLVE} model calls on one instance, the "
-                                     "most one solve() may make", kind="call_limit")
+                    raise ModelError(CALL_LIMIT_MESSAGE, kind="call_limit")
                 if budget is not None:
                     budget.check()
                 completion = gateway.complete(request)

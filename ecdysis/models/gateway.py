@@ -71,6 +71,8 @@ class ModelGateway:
 # The most model calls one solve() may make: a harness that loops (a wrapper applied twice that
 # calls itself, a retry that never stops) is cut off here instead of spending a budget.
 MAX_CALLS_PER_SOLVE = 64
+CALL_LIMIT_MESSAGE = (f"the harness made {MAX_CALLS_PER_SOLVE} model calls on one instance, the most one "
+                      "solve() may make")
 
 
 def harness_request(req: dict[str, Any]) -> CompletionRequest:
