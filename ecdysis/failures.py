@@ -7,6 +7,7 @@ The taxonomy is decided engine-side, where the target is known: the expected ans
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, Sequence
@@ -14,16 +15,26 @@ from typing import Any, Literal, Mapping, Sequence
 from ecdysis.records import Instance, InstanceResult
 
 FailureType = Literal["exception", "timeout", "crash", "model_error", "empty_output", "truncated",
-                      "off_format", "invalid_choice", "wrong_answer"]
+                      "off_format", "invalid_choice", "wrong_answer",
+                      "unparsable_call", "wrong_function", "call_count", "wrong_argument", "irrelevant_call"]
+# How an agent's function calls go wrong (instances that give function docs, scored by `bfcl_ast`):
+# the checker's first broken rule (`suites.bfcl.CallCheck.reason`), folded into five types. Errors
+# in harness code, timeouts and model-call errors keep the types above.
+AGENT_TYPES: tuple[FailureType, ...] = ("unparsable_call", "wrong_function", "call_count", "wrong_argument",
+                                        "irrelevant_call")
 FAILURE_TYPES: tuple[FailureType, ...] = ("exception", "timeout", "crash", "model_error", "empty_output",
-                                          "truncated", "off_format", "invalid_choice", "wrong_answer")
+                                          "truncated", "off_format", "invalid_choice", "wrong_answer",
+                                          *AGENT_TYPES)
 FAILURE_TITLES: dict[str, str] = {
     "exception": "harness exception", "timeout": "timeout", "crash": "harness process crash",
     "model_error": "model call error", "empty_output": "empty answer", "truncated": "truncated reply",
     "off_format": "off-format answer", "invalid_choice": "answer outside the choices",
     "wrong_answer": "wrong answer",
+    "unparsable_call": "unparsable call", "wrong_function": "wrong or invented function",
+    "call_count": "missing or extra call", "wrong_argument": "wrong argument value or type",
+    "irrelevant_call": "a call where no function applies",
 }
-AnswerShape = Literal["choice", "number", "boolean", "word_list", "text"]
+AnswerShape = Literal["choice", "number", "boolean", "word_list", "text", "calls"]
 
 # The runner's error types, folded into the taxonomy: memory exhaustion kills the process like a
 # crash does, and a wrong return type is an exception in harness code.
@@ -96,6 +107,8 @@ def answer_form(instance: Instance) -> dict[str, Any]:
 
 def expected_shape(instance: Instance) -> AnswerShape:
     """The form a correct answer takes: the suite's answer form, else read off the instance."""
+    if is_agent_instance(instance):
+        return "calls"
     kind = answer_form(instance).get("kind")
     if kind in _FORM_SHAPES:
         return "choice" if instance.choices else _FORM_SHAPES[kind]
@@ -284,6 +297,8 @@ def classify(result: InstanceResult, instance: Instance) -> FailureType:
     """The failure type of a failed result (a correct result is not a failure)."""
     if result.error_type:
         return _ERROR_TO_TYPE.get(result.error_type, "exception")
+    if is_agent_instance(instance):
+        return agent_verdict(result, instance).type
     answer = (result.answer or "").strip()
     shape = expected_shape(instance)
     truncated = bool(result.calls) and result.calls[-1].finish_reason == "length"
@@ -346,11 +361,140 @@ def _answer_evidence(result: InstanceResult, instance: Instance, kind: FailureTy
     return excerpt[:EXCERPT_CHARS], signature, detail
 
 
+# ---------------------------------------------------------------- agent failures (function calls)
+
+_AGENT_REASONS: dict[str, FailureType] = {
+    "unparsable": "unparsable_call", "called_when_irrelevant": "irrelevant_call", "wrong_count": "call_count",
+    "wrong_function": "wrong_function", "positional_arguments": "wrong_argument",
+    "missing_required": "wrong_argument", "unexpected_parameter": "wrong_argument", "wrong_type": "wrong_argument",
+    "wrong_value": "wrong_argument", "missing_parameter": "wrong_argument",
+}
+_CALL_START = re.compile(r"[\[{]|\b[A-Za-z_][\w.]*\(")
+_FENCED = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)```", re.DOTALL)
+_WRONG_TYPE = re.compile(r" is (\w+) .*, expected (\w+)$", re.DOTALL)
+
+
+def is_agent_instance(instance: Instance) -> bool:
+    """An instance whose answer is function calls: it gives function docs in fields["functions"]
+    and its target is a JSON list of expected calls (the `bfcl_ast` scorer's contract)."""
+    if not isinstance(instance.fields.get("functions"), list):
+        return False
+    target = instance.target.strip()
+    if not target.startswith("["):
+        return False
+    try:
+        return isinstance(json.loads(target), list)
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class AgentVerdict:
+    """How an agent's answer went wrong: the taxonomy type, the mechanism within it (what a
+    repair works on), the checker's reason and detail, and the calls read from the answer."""
+
+    type: FailureType
+    mechanism: str
+    reason: str
+    check: str
+    calls: list[dict[str, Any]] | None
+    expected: int
+
+
+def calls_in_text(text: str) -> bool:
+    """Do readable calls appear in some part of the reply (a fenced block, or the span from its
+    first bracket to its last), so that reading the reply harder would have found them?"""
+    from ecdysis.suites.calls import parse_calls
+    candidates = [text, *_FENCED.findall(text)]
+    for opening, closing in (("[", "]"), ("{", "}")):
+        start, end = text.find(opening), text.rfind(closing)
+        if 0 <= start < end:
+            candidates.append(text[start:end + 1])
+    return any(parse_calls(c) for c in candidates)
+
+
+def agent_verdict(result: InstanceResult, instance: Instance) -> AgentVerdict:
+    """The agent failure type of an incorrect result on an agent instance (`is_agent_instance`)."""
+    from ecdysis.suites.bfcl import score_bfcl
+    from ecdysis.suites.calls import parse_calls
+    answer = result.answer or ""
+    calls = parse_calls(answer)
+    check = score_bfcl(answer, instance)
+    expected = len(json.loads(instance.target))
+    functions = {str(f.get("name")) for f in instance.fields.get("functions") or [] if isinstance(f, dict)}
+    kind = _AGENT_REASONS.get(check.reason, "wrong_argument" if not check.correct else "wrong_function")
+    names = [str(c.get("name")) for c in calls or []]
+    raw = result.raw_output
+    if kind == "unparsable_call":
+        truncated = bool(result.calls) and result.calls[-1].finish_reason == "length"
+        if truncated:
+            mechanism = "cut at the token limit"
+        elif calls_in_text(raw):
+            mechanism = "calls inside other text"
+        elif _CALL_START.search(raw):
+            mechanism = "broken call syntax"
+        else:
+            mechanism = reply_mechanism(raw, instance)
+    elif kind in ("irrelevant_call", "wrong_function"):
+        invented = [n for n in names if n not in functions]
+        mechanism = "an invented function" if invented else "a listed function"
+    elif kind == "call_count":
+        mechanism = "no call" if not calls else "missing call" if len(calls) < expected else "extra call"
+    else:
+        mechanism = check.reason.replace("_", " ")
+    return AgentVerdict(kind, mechanism, check.reason, check.detail, calls, expected)
+
+
+def _parameter_type(instance: Instance, where: str) -> str:
+    """The schema type of "function.parameter" ("" when the docs do not say)."""
+    name, _, param = where.rpartition(".")
+    for doc in instance.fields.get("functions") or []:
+        if isinstance(doc, dict) and doc.get("name") == name:
+            spec = ((doc.get("parameters") or {}).get("properties") or {}).get(param) or {}
+            return str(spec.get("type", "")) if isinstance(spec, dict) else ""
+    return ""
+
+
+def _agent_evidence(result: InstanceResult, instance: Instance) -> tuple[str, str, dict[str, Any]]:
+    verdict = agent_verdict(result, instance)
+    raw = result.raw_output
+    last = result.calls[-1] if result.calls else None
+    detail: dict[str, Any] = {
+        "reason": verdict.reason, "check": verdict.check[:300], "mechanism": verdict.mechanism,
+        "calls_made": None if verdict.calls is None else len(verdict.calls), "calls_expected": verdict.expected,
+        "called": [str(c.get("name")) for c in verdict.calls or []][:8],
+        "finish_reason": last.finish_reason if last else None,
+        "completion_tokens": last.completion_tokens if last else 0,
+        "max_tokens": int((last.request or {}).get("max_tokens", 0)) if last else 0,
+        "calls": len(result.calls), "shape_in_reply": calls_in_text(raw),
+        "prompt_omits": prompt_omissions(result, instance),
+    }
+    # The signature says how the calls went wrong in words shared across tasks (never a function's
+    # or a value's own name), so text similarity groups the same mechanism on different functions.
+    words = [verdict.mechanism]
+    if verdict.reason == "wrong_type":
+        found = _WRONG_TYPE.search(verdict.check)
+        if found:
+            words.append(f"{found.group(1)} given for {found.group(2)}")
+    elif verdict.reason == "wrong_value":
+        where = verdict.check.split(" = ", 1)[0]
+        words.append(f"{_parameter_type(instance, where) or 'untyped'} parameter")
+    elif verdict.type == "unparsable_call":
+        # The docs' words count as the task's own, so a function's name reads as `quoted`.
+        words.append(normalise(raw, instance.input + " " + json.dumps(instance.fields.get("functions"))))
+    signature = " ".join(w for w in words if w).strip() or verdict.type
+    shown = verdict.check or verdict.mechanism
+    excerpt = f"{shown}; reply {_clip(raw, 100)!r}"
+    return excerpt[:EXCERPT_CHARS], signature, detail
+
+
 def to_failure(result: InstanceResult, instance: Instance, *, suite: str, harness_version: str) -> Failure:
     kind = classify(result, instance)
     shape = expected_shape(instance)
     if kind in ("exception", "timeout", "crash", "model_error"):
         excerpt, signature, detail = _error_evidence(result, kind)
+    elif kind in AGENT_TYPES:
+        excerpt, signature, detail = _agent_evidence(result, instance)
     else:
         excerpt, signature, detail = _answer_evidence(result, instance, kind, shape)
     return Failure(run_id=result.run_id, suite=suite, instance_id=result.instance_id, category=result.category,

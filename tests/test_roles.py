@@ -17,6 +17,7 @@ from ecdysis.harness import starter_files, validate_files
 from ecdysis.models.scripted import ScriptedBackend
 from ecdysis.records import Completion, CompletionRequest
 from ecdysis.roles import HeuristicRoleBackend, make_role_backend
+from ecdysis.roles.agent_operators import AGENT_OPERATORS
 from ecdysis.roles.base import ROLES, CaseFile, Exemplar, schema_errors
 from ecdysis.roles.llm import LLMRoleBackend, extract_json
 from ecdysis.roles.operators import OPERATORS, RepairInput, materialize, set_param
@@ -162,11 +163,16 @@ def test_param_operators_change_the_calls(case: CaseFile) -> None:
     assert "letter of the correct option (A, B, C)" in told[0]["messages"][1]["content"]
 
 
+TEXT_OPERATORS = [name for name in OPERATORS if name not in {op.name for op in AGENT_OPERATORS}]
+
+
 def test_all_operators_compose_and_report_presence(case: CaseFile) -> None:
-    files = patched(*OPERATORS, case=case)
-    assert all(op.present(files) for op in OPERATORS.values())
+    """The written-answer catalogue on the text starter (the agent repairs have their own test,
+    tests/test_agent_taxonomy.py, on the starter agent)."""
+    files = patched(*TEXT_OPERATORS, case=case)
+    assert all(OPERATORS[name].present(files) for name in TEXT_OPERATORS)
     # The starter already asks the whole task (instruction, options, answer form); nothing else is in it.
-    assert [name for name, op in OPERATORS.items() if op.present(starter_files())] == ["whole_task_in_prompt"]
+    assert [name for name in TEXT_OPERATORS if OPERATORS[name].present(starter_files())] == ["whole_task_in_prompt"]
     answer, _ = solve(files, NUMBER, ["Here is my answer: 8"])
     assert answer == "8"
 

@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from ecdysis.aggregate import Cluster
+from ecdysis.failures import AGENT_TYPES
 from ecdysis.roles.base import CaseFile, RoleMessage, RoleName, RoleTurn, render_output, schema_errors
 from ecdysis.roles.operators import OPERATORS, Ranking, RepairInput, params_of
 
@@ -55,6 +56,38 @@ def _top_signature(cluster: Cluster) -> str:
     return Counter(f.signature for f in cluster.failures).most_common(1)[0][0]
 
 
+def _agent_cause(c: Cluster, files: dict[str, str]) -> tuple[str, str]:
+    """Root cause and component for a cluster of function-call failures, from the mechanisms the
+    checker found (`failures.agent_verdict`) and what the harness does with a reply."""
+    n = c.size
+    mechanisms = Counter(str(f.detail.get("mechanism", "")) for f in c.failures).most_common(3)
+    seen = "; ".join(f"{m} in {_share(k, n)}" for m, k in mechanisms)
+    checks = [str(f.detail.get("check", "")) for f in c.failures if f.detail.get("check")][:2]
+    example = f" The checker says: {' / '.join(checks)}." if checks else ""
+    code = files.get("harness.py", "")
+    if c.type == "unparsable_call":
+        retry = "call_parse_retry" in code or "parse_retries" in files.get("harness.toml", "")
+        cause = (f"Replies are not function calls the harness can read ({seen}); solve() returns the reply "
+                 f"as is{' after one re-ask' if retry else ' and never asks again'}, and the prompt gives no "
+                 f"example of the reply format.")
+        component = "user.md"
+    elif c.type == "wrong_argument":
+        cause = (f"The right function is called with an argument the checker rejects ({seen}); solve() passes "
+                 f"the arguments through without reading the schema's declared types.{example}")
+        component = "harness.py:solve"
+    elif c.type == "wrong_function":
+        cause = f"Calls go to the wrong function ({seen}); nothing checks a call against the listed functions.{example}"
+        component = "system.md"
+    elif c.type == "call_count":
+        cause = f"The number of calls is wrong ({seen}); the prompt does not show how several calls are listed.{example}"
+        component = "user.md"
+    else:
+        cause = (f"A function is called although none of the listed ones does what is asked ({seen}); the "
+                 f"prompt's rule for calling nothing is easy to miss.")
+        component = "system.md"
+    return cause, component
+
+
 def investigate(case: CaseFile) -> dict[str, Any]:
     """Root cause from the cluster's typed evidence, located in the harness source."""
     c, facts = case.cluster, _harness_facts(case.files)
@@ -89,6 +122,8 @@ def investigate(case: CaseFile) -> dict[str, Any]:
                  f"worked example{' (no fewshot.jsonl)' if not facts['few_shot'] else ''} and takes "
                  f"{facts['samples']} sample(s) at temperature {facts['temperature']}.")
         component = "user.md" if not facts["few_shot"] else "harness.toml:samples"
+    elif c.type in AGENT_TYPES:
+        cause, component = _agent_cause(c, case.files)
     else:
         frame = next((f.detail["location"] for f in c.failures if f.detail.get("location")), None)
         loc = f" at {frame[0]}:{frame[1]} in {frame[2]}()" if frame else ""

@@ -11,15 +11,15 @@ around the previous definition, so they compose in any order and each shows as o
 from __future__ import annotations
 
 import json
-import re
-import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Sequence
 
 from ecdysis.aggregate import Cluster
+from ecdysis.roles.agent_operators import AGENT_OPERATORS, AGENT_RANKING
 from ecdysis.roles.base import CaseFile, Draft, Exemplar, ModificationSpec
+from ecdysis.roles.repairs import (RepairInput, RepairOperator, RepairResult, cluster_scope,
+                                   defines, marker, params_of, set_param)
 
-MARK = "# --- ecdysis operator: {name} ---"
 HELPERS_MARK = "# --- ecdysis helpers: answer shapes ---"
 FEWSHOT_FILE = "fewshot.jsonl"
 
@@ -287,48 +287,6 @@ def ecd_format_request(task):
 '''
 
 
-@dataclass(frozen=True)
-class RepairInput:
-    """What an operator sees: the current files, the cluster it repairs, the sanctioned exemplars,
-    and the Investigator's root cause (quoted in the spec)."""
-
-    files: Mapping[str, str]
-    cluster: Cluster
-    exemplars: Sequence[Exemplar] = ()
-    root_cause: str = ""
-
-
-@dataclass(frozen=True)
-class RepairResult:
-    operator: str
-    files: dict[str, str]
-    spec: ModificationSpec
-
-
-class RepairOperator(Protocol):
-    """A generic repair. `present(files)` says whether it is already in the harness;
-    `unavailable(inp)` gives the reason it cannot apply (None when it can); `apply(inp)` returns
-    the spec and the full new file set."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def title(self) -> str: ...
-
-    def present(self, files: Mapping[str, str]) -> bool: ...
-
-    def unavailable(self, inp: RepairInput) -> str | None: ...
-
-    def apply(self, inp: RepairInput) -> RepairResult: ...
-
-
-# ---------------------------------------------------------------- file editing helpers
-
-def marker(name: str) -> str:
-    return MARK.format(name=name)
-
-
 def append_block(code: str, name: str, block: str) -> str:
     """harness.py with the shared helpers (once) and the operator's marked block at the end."""
     out = code.rstrip("\n") + "\n"
@@ -337,44 +295,12 @@ def append_block(code: str, name: str, block: str) -> str:
     return out + "\n\n" + marker(name) + "\n" + block.strip("\n") + "\n"
 
 
-def set_param(toml_text: str, key: str, value: str, comment: str) -> str:
-    """harness.toml with `key = value  # comment` in [params] (replaced or added), all else kept."""
-    lines = toml_text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == "[params]"), None)
-    entry = f"{key} = {value}  # {comment}"
-    if start is None:
-        return toml_text.rstrip("\n") + f"\n\n[params]\n{entry}\n"
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
-    for i in range(start + 1, end):
-        if re.match(rf"\s*{re.escape(key)}\s*=", lines[i]):
-            lines[i] = entry
-            break
-    else:
-        insert_at = end
-        while insert_at > start + 1 and not lines[insert_at - 1].strip():
-            insert_at -= 1
-        lines.insert(insert_at, entry)
-    out = "\n".join(lines) + "\n"
-    tomllib.loads(out)  # an operator must never write a harness.toml that does not parse
-    return out
-
-
-def params_of(files: Mapping[str, str]) -> dict[str, Any]:
-    try:
-        return dict(tomllib.loads(files.get("harness.toml", "")).get("params", {}))
-    except tomllib.TOMLDecodeError:
-        return {}
-
-
-def _defines(code: str, name: str) -> bool:
-    return re.search(rf"^def {name}\(", code, re.M) is not None
-
-
-def _cluster_scope(cluster: Cluster) -> str:
-    cats = ", ".join(cluster.categories)
-    models = ", ".join(cluster.models)
-    return (f"The cluster spans {len(cluster.instances)} instances in {len(cluster.categories)} categories "
-            f"({cats}) and {len(cluster.models)} model(s) ({models})")
+def answered_in_text(inp: RepairInput) -> str | None:
+    """Why a repair of written answers does not fit a cluster of function-call answers (whose
+    targets are possible calls, not replies, and whose form is not a bare answer)."""
+    if inp.cluster.failures and all(f.shape == "calls" for f in inp.cluster.failures):
+        return "the cluster's tasks are answered with function calls, not a written answer"
+    return None
 
 
 @dataclass(frozen=True)
@@ -390,7 +316,7 @@ class _CodeOperator:
 
     def unavailable(self, inp: RepairInput) -> str | None:
         code = inp.files.get("harness.py", "")
-        if not _defines(code, self.wraps):
+        if not defines(code, self.wraps):
             return f"harness.py defines no top-level {self.wraps}() to build on"
         return None
 
@@ -424,7 +350,7 @@ def extract_answer(text, task):
                             "answer; off-format failures whose reply holds the answer should become correct.",
             risk="A reply that mentions several candidates may yield the wrong one (the last number, the "
                  "last option named); replies with no answer are unchanged.",
-            scope=_cluster_scope(inp.cluster) + "; the rule reads only the task's form, never an instance "
+            scope=cluster_scope(inp.cluster) + "; the rule reads only the task's form, never an instance "
                   "or its target, so it applies to unseen tasks of any suite."))
 
 
@@ -472,7 +398,7 @@ def extract_answer(text, task):
             expected_effect="Answers outside the allowed choices become one of the options; free-text "
                             "answers that paraphrase an option score as that option.",
             risk="A weak paraphrase may be mapped to the wrong option; tasks without options are unchanged.",
-            scope=_cluster_scope(inp.cluster) + "; it applies to every task that has options, keyed on the "
+            scope=cluster_scope(inp.cluster) + "; it applies to every task that has options, keyed on the "
                   "options the task itself lists."))
 
 
@@ -523,7 +449,7 @@ def solve(task, model, harness):
                             "come back as a bare answer.",
             risk="Up to one extra model call per off-format reply (cost and latency); a second reply can be "
                  "wrong where the first was merely verbose.",
-            scope=_cluster_scope(inp.cluster) + "; the trigger is the reply's form, checked against the "
+            scope=cluster_scope(inp.cluster) + "; the trigger is the reply's form, checked against the "
                   "task's own form, so it is independent of any instance."))
 
 
@@ -542,6 +468,8 @@ class FewShotExemplars(_CodeOperator):
         base = super().unavailable(inp)
         if base:
             return base
+        if answered_in_text(inp):
+            return answered_in_text(inp)
         if not inp.exemplars:
             return "no train instance passed in every run of the batch, so there is nothing to quote"
         if "user.md" not in inp.files:
@@ -614,7 +542,7 @@ def build_messages(task, harness):
             expected_effect="Replies imitate the exemplars' bare-answer form; format failures and some "
                             "wrong answers should drop.",
             risk="Longer prompts (more tokens, slower); a small model may copy an exemplar's answer.",
-            scope=_cluster_scope(inp.cluster) + "; exemplars come only from train instances that passed in "
+            scope=cluster_scope(inp.cluster) + "; exemplars come only from train instances that passed in "
                   "every run, never from the failing ones, and are chosen by form, not by content.",
             exemplars=tuple(ex.key for ex in chosen)))
 
@@ -639,7 +567,7 @@ class OptionScoring(_CodeOperator):
         base = super().unavailable(inp)
         if base:
             return base
-        if not _defines(inp.files.get("harness.py", ""), "build_messages"):
+        if not defines(inp.files.get("harness.py", ""), "build_messages"):
             return "harness.py defines no build_messages() whose prompt the options could be scored against"
         if not any(f.shape in ("choice", "boolean") for f in inp.cluster.failures):
             return "none of the cluster's tasks has a closed set of answers to score"
@@ -719,7 +647,7 @@ def solve(task, model, harness):
                             "failures there vanish; fewer tokens per task (no generated reasoning).",
             risk="No written reasoning: a model that needs to think before answering may lose accuracy; "
                  "remote chat backends cannot score and keep generating.",
-            scope=_cluster_scope(inp.cluster) + "; it applies to every task by its answer form (options or "
+            scope=cluster_scope(inp.cluster) + "; it applies to every task by its answer form (options or "
                   "a yes/no or true/false form), never to an instance or its content."))
 
 
@@ -753,7 +681,7 @@ class SelfConsistency:
             expected_effect="Answers that the model gets right most of the time stop failing on one unlucky "
                             "sample.",
             risk=f"{self.samples}x model calls per task; no help where the model is consistently wrong.",
-            scope=_cluster_scope(inp.cluster) + "; voting changes no prompt and no instance-specific rule."))
+            scope=cluster_scope(inp.cluster) + "; voting changes no prompt and no instance-specific rule."))
 
 
 @dataclass(frozen=True)
@@ -783,7 +711,7 @@ class OutputBudget:
             root_cause=inp.root_cause or f"Replies hit the {current}-token limit before the answer.",
             expected_effect="Replies that were cut off reach their answer; truncated failures should drop.",
             risk="Longer replies cost more tokens and time; rambling replies stay rambling.",
-            scope=_cluster_scope(inp.cluster) + "; one budget for every task, no instance-specific rule."))
+            scope=cluster_scope(inp.cluster) + "; one budget for every task, no instance-specific rule."))
 
 
 @dataclass(frozen=True)
@@ -802,7 +730,7 @@ class AnswerFormatInstruction:
     def unavailable(self, inp: RepairInput) -> str | None:
         if "system.md" not in inp.files:
             return "the harness has no system.md prompt to add the instruction to"
-        return None
+        return answered_in_text(inp)
 
     def apply(self, inp: RepairInput) -> RepairResult:
         files = dict(inp.files)
@@ -820,7 +748,7 @@ class AnswerFormatInstruction:
                             "off-format and out-of-choice failures should drop.",
             risk="Small models may follow the instruction only partly; skipping the reasoning can cost "
                  "accuracy on multi-step tasks.",
-            scope=_cluster_scope(inp.cluster) + "; the instruction names answer forms, not tasks or answers."))
+            scope=cluster_scope(inp.cluster) + "; the instruction names answer forms, not tasks or answers."))
 
 
 @dataclass(frozen=True)
@@ -868,13 +796,13 @@ class WholeTaskInPrompt:
             expected_effect="The model is asked the question the suite asks, with its options and answer form; "
                             "replies that invented a question or an answer format should drop.",
             risk="Longer prompts; a prefix written for few-shot use may read oddly on its own.",
-            scope=_cluster_scope(inp.cluster) + "; it renders the suite's own task fields for every task, "
+            scope=cluster_scope(inp.cluster) + "; it renders the suite's own task fields for every task, "
                   "whatever its content."))
 
 
 OPERATORS: dict[str, RepairOperator] = {op.name: op for op in (
     WholeTaskInPrompt(), AnswerExtraction(), AnswerFormatInstruction(), RetryOnUnparsable(), FewShotExemplars(),
-    SelfConsistency(), ChoiceMatching(), OutputBudget(), OptionScoring())}
+    SelfConsistency(), ChoiceMatching(), OutputBudget(), OptionScoring(), *AGENT_OPERATORS)}
 
 # Which operators address which failure type, best first. Errors in harness code, timeouts and
 # model-call errors have no generic repair: they need a hand-written (LLM or human) change.
@@ -885,6 +813,7 @@ RANKING: dict[str, tuple[str, ...]] = {
     "truncated": ("output_budget", "answer_format_instruction", "answer_extraction", "retry_unparsable"),
     "empty_output": ("retry_unparsable", "answer_format_instruction", "output_budget", "few_shot"),
     "wrong_answer": ("few_shot", "self_consistency", "answer_format_instruction"),
+    **AGENT_RANKING,
 }
 
 
@@ -910,6 +839,12 @@ class Ranking:
             if found * 2 < len(cluster.failures):
                 names.remove("answer_format_instruction")
                 names.insert(0, "answer_format_instruction")
+        if cluster.type == "unparsable_call" and names:
+            cut = sum(1 for f in cluster.failures if f.detail.get("mechanism") == "cut at the token limit")
+            # Calls cut off at the token limit need room to finish before they need a format.
+            if cut * 2 > len(cluster.failures):
+                names.remove("output_budget")
+                names.insert(0, "output_budget")
         if cluster.type == "truncated" and names:
             short = sum(1 for f in cluster.failures if f.shape in ("number", "boolean", "choice"))
             # A reply cut off before a one-word answer is prose, not a long answer: a bigger

@@ -1,0 +1,276 @@
+"""The generic repairs for agents that answer with function calls (the starter agent harness and any
+harness built like it: `solve` returns the calls as JSON, `read_calls(text, calls)` reads a reply).
+
+Each repair is general by construction: it reads the task's own function docs at run time, never an
+instance, a function's name or a target, so it applies to any tool set.
+
+- `call_format`: a strict reply format with one example, at the end of the user message;
+- `call_parse_retry`: when a reply holds no readable calls, show the model its reply and ask again;
+- `argument_coercion`: each argument converted to its declared type ("5" for an integer, a lone
+  value for an array, "true" for a boolean);
+- `no_tool_path`: say when to call nothing, and drop calls to functions the task does not list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ecdysis.roles.base import ModificationSpec
+from ecdysis.roles.repairs import RepairInput, RepairResult, cluster_scope, defines, marker, set_param
+
+
+def _append(code: str, name: str, block: str) -> str:
+    return code.rstrip("\n") + "\n\n\n" + marker(name) + "\n" + block.strip("\n") + "\n"
+
+
+def _for_calls(inp: RepairInput) -> str | None:
+    """Why an agent repair does not fit the cluster (None when it does)."""
+    if inp.cluster.failures and not any(f.shape == "calls" for f in inp.cluster.failures):
+        return "the cluster's tasks are not answered with function calls"
+    return None
+
+
+@dataclass(frozen=True)
+class _AgentCode:
+    """An agent repair that appends a block to harness.py rebinding `solve` around the previous one."""
+
+    name: str = ""
+    title: str = ""
+    needs: tuple[str, ...] = ("solve",)
+
+    def present(self, files: Mapping[str, str]) -> bool:
+        return marker(self.name) in files.get("harness.py", "")
+
+    def unavailable(self, inp: RepairInput) -> str | None:
+        code = inp.files.get("harness.py", "")
+        for function in self.needs:
+            if not defines(code, function):
+                return f"harness.py defines no top-level {function}() to build on"
+        return _for_calls(inp)
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    name: str = "call_format"
+    title: str = "Strict call format with one example"
+    text: str = ("\n\nReply with one JSON list of calls and no other text. Example of the form, for a function "
+                 "example_function(city: string, days: integer) called twice:\n"
+                 '[{"name": "example_function", "arguments": {"city": "Paris", "days": 3}}, '
+                 '{"name": "example_function", "arguments": {"city": "Rome", "days": 5}}]\n'
+                 "Use only the functions listed above, with their exact names and parameter names. "
+                 "Reply [] when none of them does what is asked.\n")
+
+    def present(self, files: Mapping[str, str]) -> bool:
+        return self.text.strip() in files.get("user.md", "")
+
+    def unavailable(self, inp: RepairInput) -> str | None:
+        if "user.md" not in inp.files:
+            return "the harness has no user.md template to add the format to"
+        return _for_calls(inp)
+
+    def apply(self, inp: RepairInput) -> RepairResult:
+        files = dict(inp.files)
+        files["user.md"] = files["user.md"].rstrip("\n") + self.text
+        return RepairResult(self.name, files, ModificationSpec(
+            target_files=("user.md",), operator=self.name,
+            change="End the user message with the exact reply format: one JSON list of calls and nothing else, "
+                   "one example of the form (an invented function, called twice), only the listed functions "
+                   "and parameter names, and [] when none applies.",
+            root_cause=inp.root_cause or "Replies are not in a form the harness can read as calls.",
+            expected_effect="More replies are a bare JSON list of calls; unparsable calls, invented parameter "
+                            "names and a missing second call should drop.",
+            risk="A small model may copy the example's function or values; a longer prompt.",
+            scope=cluster_scope(inp.cluster) + "; the format and its example name no task and no listed function."))
+
+
+@dataclass(frozen=True)
+class CallParseRetry(_AgentCode):
+    name: str = "call_parse_retry"
+    title: str = "Re-ask when a reply holds no readable calls"
+    needs: tuple[str, ...] = ("solve", "read_calls", "calls_module")
+
+    def apply(self, inp: RepairInput) -> RepairResult:
+        block = '''# When a reply holds no readable calls, keep it in the conversation, say that it cannot be read as
+# calls, and ask once more for the calls alone; `parse_retries` in harness.toml bounds it.
+_ECD_CALL_REQUEST = ("That reply cannot be read as function calls. Reply again with only the JSON list of "
+                     "calls, such as [{\\"name\\": \\"function_name\\", \\"arguments\\": {\\"parameter\\": \\"value\\"}}], "
+                     "or [] when none of the functions applies.")
+
+
+class _EcdCallRetryModel:
+    def __init__(self, model, calls, retries):
+        self._model, self._calls, self._retries = model, calls, retries
+
+    def __getattr__(self, name):  # score and anything else it does not wrap
+        return getattr(self._model, name)
+
+    def generate(self, messages, **options):
+        reply = self._model.generate(messages, **options)
+        for _ in range(self._retries):
+            if read_calls(reply.text, self._calls) is not None:
+                break
+            messages = list(messages) + [{"role": "assistant", "content": reply.text},
+                                         {"role": "user", "content": _ECD_CALL_REQUEST}]
+            reply = self._model.generate(messages, **options)
+        return reply
+
+
+_ecd_before_call_parse_retry = solve
+
+
+def solve(task, model, harness):
+    retries = int(harness.params.get("parse_retries", 1))
+    wrapped = _EcdCallRetryModel(model, calls_module(harness), retries)
+    return _ecd_before_call_parse_retry(task, wrapped, harness)
+'''
+        files = dict(inp.files)
+        files["harness.py"] = _append(files["harness.py"], self.name, block)
+        files["harness.toml"] = set_param(files["harness.toml"], "parse_retries", "1",
+                                          "re-ask once when a reply holds no readable calls (call_parse_retry)")
+        return RepairResult(self.name, files, ModificationSpec(
+            target_files=("harness.py", "harness.toml"), operator=self.name,
+            change="Wrap the model passed to solve: when a reply holds no readable calls, add it to the "
+                   "conversation with a turn saying it cannot be read as calls and asking for the JSON list "
+                   "alone, once.",
+            root_cause=inp.root_cause or "A reply that is not calls is final; nothing asks again.",
+            expected_effect="Prose or broken replies get a second, format-focused attempt; unparsable calls "
+                            "should drop.",
+            risk="One extra model call per unreadable reply; a model that cannot write the format fails twice.",
+            scope=cluster_scope(inp.cluster) + "; the trigger is whether the reply reads as calls, for any task."))
+
+
+@dataclass(frozen=True)
+class ArgumentCoercion(_AgentCode):
+    name: str = "argument_coercion"
+    title: str = "Coerce arguments to their declared types"
+
+    def apply(self, inp: RepairInput) -> RepairResult:
+        block = '''# Each argument of a listed function is converted to the type its schema declares, where the
+# conversion is lossless: "5" -> 5 for an integer, 5.0 -> 5, "2.5" -> 2.5 for a float, "true" -> True,
+# a number -> its text for a string, a JSON text -> the list or object, a lone value -> [value].
+import json as _ecd_json
+
+_ecd_before_argument_coercion = solve
+
+
+def _ecd_coerce(value, spec):
+    kind = str((spec or {}).get("type", ""))
+    try:
+        if kind == "integer":
+            if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+                return int(value.strip())
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+        elif kind in ("float", "number"):
+            if isinstance(value, str):
+                return float(value.strip())
+        elif kind == "boolean":
+            if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+                return value.strip().lower() == "true"
+        elif kind == "string":
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return str(value)
+        elif kind in ("array", "tuple"):
+            if isinstance(value, str) and value.strip().startswith("["):
+                value = _ecd_json.loads(value)
+            if not isinstance(value, list):
+                value = [value]
+            return [_ecd_coerce(item, (spec or {}).get("items")) for item in value]
+        elif kind in ("dict", "object"):
+            if isinstance(value, str) and value.strip().startswith("{"):
+                return _ecd_json.loads(value)
+    except ValueError:
+        pass
+    return value
+
+
+def solve(task, model, harness):
+    answer = _ecd_before_argument_coercion(task, model, harness)
+    try:
+        calls = _ecd_json.loads(answer)
+    except (TypeError, ValueError):
+        return answer
+    if not isinstance(calls, list):
+        return answer
+    docs = {f.get("name"): f for f in (task.get("fields") or {}).get("functions") or [] if isinstance(f, dict)}
+    for call in calls:
+        doc = docs.get(call.get("name")) if isinstance(call, dict) else None
+        arguments = call.get("arguments") if doc else None
+        if not isinstance(arguments, dict):
+            continue
+        properties = (doc.get("parameters") or {}).get("properties") or {}
+        for parameter, value in list(arguments.items()):
+            if parameter in properties:
+                arguments[parameter] = _ecd_coerce(value, properties[parameter])
+    return _ecd_json.dumps(calls, ensure_ascii=False)
+'''
+        files = dict(inp.files)
+        files["harness.py"] = _append(files["harness.py"], self.name, block)
+        return RepairResult(self.name, files, ModificationSpec(
+            target_files=("harness.py",), operator=self.name,
+            change="Wrap solve: convert each argument of a listed function to its declared type where that "
+                   "loses nothing (numbers written as text, a lone value for an array, JSON written as text).",
+            root_cause=inp.root_cause or "Arguments arrive with the right value in the wrong type.",
+            expected_effect="Wrong-type arguments whose value is right become right; values stay as written.",
+            risk="A value the schema types loosely may be converted where the answer kept it as written.",
+            scope=cluster_scope(inp.cluster) + "; the conversion reads only the task's own function schemas."))
+
+
+@dataclass(frozen=True)
+class NoToolPath(_AgentCode):
+    name: str = "no_tool_path"
+    title: str = "A path for when no function applies"
+    text: str = ("\n\nBefore calling anything, check that one of the listed functions really does what is asked. "
+                 "If none does, reply with [] alone: do not invent a function, and do not call one that "
+                 "does something else.\n")
+
+    def unavailable(self, inp: RepairInput) -> str | None:
+        if "system.md" not in inp.files:
+            return "the harness has no system.md prompt to add the rule to"
+        return super().unavailable(inp)
+
+    def apply(self, inp: RepairInput) -> RepairResult:
+        block = '''# Calls to a function the task does not list cannot be right: they are dropped, and a reply whose
+# every call was invented becomes [] (no call).
+import json as _ecd_json_tools
+
+_ecd_before_no_tool_path = solve
+
+
+def solve(task, model, harness):
+    answer = _ecd_before_no_tool_path(task, model, harness)
+    try:
+        calls = _ecd_json_tools.loads(answer)
+    except (TypeError, ValueError):
+        return answer
+    if not isinstance(calls, list):
+        return answer
+    listed = {f.get("name") for f in (task.get("fields") or {}).get("functions") or [] if isinstance(f, dict)}
+    kept = [c for c in calls if isinstance(c, dict) and c.get("name") in listed]
+    return answer if len(kept) == len(calls) else _ecd_json_tools.dumps(kept, ensure_ascii=False)
+'''
+        files = dict(inp.files)
+        files["system.md"] = files["system.md"].rstrip("\n") + self.text
+        files["harness.py"] = _append(files["harness.py"], self.name, block)
+        return RepairResult(self.name, files, ModificationSpec(
+            target_files=("system.md", "harness.py"), operator=self.name,
+            change="Tell the model to check that a listed function does what is asked and to reply [] when "
+                   "none does; in solve, drop calls to functions the task does not list.",
+            root_cause=inp.root_cause or "The model calls a function where none applies, or invents one.",
+            expected_effect="Invented functions disappear from answers; more requests no function serves "
+                            "get no call.",
+            risk="A model told it may abstain may abstain where a call was needed.",
+            scope=cluster_scope(inp.cluster) + "; the rule and the filter read only the task's own function list."))
+
+
+AGENT_OPERATORS = (CallFormat(), CallParseRetry(), ArgumentCoercion(), NoToolPath())
+
+# Which agent repairs address which agent failure type, best first.
+AGENT_RANKING: dict[str, tuple[str, ...]] = {
+    "unparsable_call": ("call_format", "call_parse_retry", "output_budget"),
+    "wrong_argument": ("argument_coercion", "call_format"),
+    "wrong_function": ("no_tool_path", "call_format"),
+    "call_count": ("call_format",),
+    "irrelevant_call": ("no_tool_path", "call_format"),
+}

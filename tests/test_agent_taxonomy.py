@@ -1,0 +1,239 @@
+"""Agent failures: how an agent's function calls go wrong is typed from the checker's verdict
+(`failures.agent_verdict`), clustered across instances by mechanism rather than by function name,
+and repaired by the agent catalogue (`roles.agent_operators`), each repair really run in the
+sandbox on the starter agent harness. The instances are written here in BFCL's shape, so nothing
+needs the fetched data except the real-model test at the end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ecdysis.aggregate import BatchContext, aggregate
+from ecdysis.failures import AGENT_TYPES, FAILURE_TITLES, extract_failures, to_failure
+from ecdysis.harness import STARTER_AGENT_DIR, read_dir, validate_files
+from ecdysis.records import Instance, InstanceResult, ModelCall
+from ecdysis.roles import HeuristicRoleBackend
+from ecdysis.roles.agent_operators import AGENT_OPERATORS
+from ecdysis.roles.base import ROLES, CaseFile, schema_errors
+from ecdysis.roles.operators import OPERATORS, Ranking, RepairInput, materialize
+from ecdysis.sandbox import SandboxLimits, WorkerPool
+
+FAST = SandboxLimits(timeout_s=10.0, memory_mb=512)
+
+
+def doc(name: str, **properties: str) -> dict:
+    return {"name": name, "description": f"{name} does its job.",
+            "parameters": {"type": "dict", "properties": {p: {"type": t} for p, t in properties.items()},
+                           "required": list(properties)}}
+
+
+AREA = doc("triangle_area", base="integer", height="integer")
+ROUTE = doc("plan_route", start="string", stops="array")
+FLAG = doc("set_flag", enabled="boolean", level="float")
+
+
+def instance(iid: str, functions: list[dict], target: list[dict], category: str = "simple") -> Instance:
+    return Instance(id=iid, input=f"Question {iid}: please do it.", target=json.dumps(target), category=category,
+                    split="train", fields={"functions": functions})
+
+
+def result(inst: Instance, answer: str, *, model: str = "m", finish: str = "stop", raw: str | None = None) -> InstanceResult:
+    call = ModelCall(seq=0, model=model, request={"messages": [{"role": "user", "content": inst.input}],
+                                                  "max_tokens": 64},
+                     text=answer if raw is None else raw, prompt_tokens=10, completion_tokens=5, latency_s=0.1,
+                     finish_reason=finish, cache_hit=False)
+    return InstanceResult(run_id=f"run-{model}", instance_id=inst.id, category=inst.category, model=model,
+                          answer=answer, target=inst.target, correct=False, score=0.0, calls=[call])
+
+
+ONE_AREA = instance("a1", [AREA], [{"triangle_area": {"base": [10], "height": [5]}}])
+TWO_AREAS = instance("a2", [AREA], [{"triangle_area": {"base": [10], "height": [5]}},
+                                    {"triangle_area": {"base": [4], "height": [2]}}], "parallel")
+IRRELEVANT = instance("i1", [AREA], [], "irrelevance")
+
+
+@pytest.mark.parametrize("inst, answer, kind, mechanism", [
+    (ONE_AREA, "The area is half the base times the height.", "unparsable_call", "prose without an answer"),
+    (ONE_AREA, "triangle_area(base=10, height=", "unparsable_call", "broken call syntax"),
+    (ONE_AREA, '[{"name": "triangle_area", "arguments": {"base": 10, "hei', "unparsable_call", "cut at the token limit"),
+    (ONE_AREA, '[{"name": "area_of_triangle", "arguments": {"base": 10, "height": 5}}]', "wrong_function",
+     "an invented function"),
+    (ONE_AREA, "[]", "call_count", "no call"),
+    (TWO_AREAS, '[{"name": "triangle_area", "arguments": {"base": 10, "height": 5}}]', "call_count", "missing call"),
+    (ONE_AREA, '[{"name": "triangle_area", "arguments": {"base": "10", "height": 5}}]', "wrong_argument", "wrong type"),
+    (ONE_AREA, '[{"name": "triangle_area", "arguments": {"base": 12, "height": 5}}]', "wrong_argument", "wrong value"),
+    (ONE_AREA, '[{"name": "triangle_area", "arguments": {"base": 10}}]', "wrong_argument", "missing required"),
+    (IRRELEVANT, '[{"name": "triangle_area", "arguments": {"base": 1, "height": 1}}]', "irrelevant_call",
+     "a listed function"),
+    (IRRELEVANT, '[{"name": "weather", "arguments": {}}]', "irrelevant_call", "an invented function"),
+])
+def test_each_way_a_call_goes_wrong_has_its_type_and_mechanism(inst: Instance, answer: str, kind: str,
+                                                               mechanism: str) -> None:
+    finish = "length" if mechanism == "cut at the token limit" else "stop"
+    f = to_failure(result(inst, answer, finish=finish), inst, suite="s", harness_version="h")
+    assert (f.type, f.detail["mechanism"], f.shape) == (kind, mechanism, "calls")
+    assert kind in AGENT_TYPES and FAILURE_TITLES[kind]
+    # The signature names the mechanism, never the function: the same slip on other tools clusters.
+    assert "triangle" not in f.signature and mechanism in f.signature
+
+
+def test_a_calls_reply_inside_prose_is_told_apart_from_prose() -> None:
+    reply = 'Sure! I will call it like this:\n```json\n[{"name": "triangle_area", "arguments": {"base": 10}}]\n```'
+    f = to_failure(result(ONE_AREA, reply), ONE_AREA, suite="s", harness_version="h")
+    assert (f.type, f.detail["mechanism"], f.detail["shape_in_reply"]) == ("unparsable_call",
+                                                                           "calls inside other text", True)
+
+
+def test_a_wrong_type_signature_says_which_type_for_which() -> None:
+    f = to_failure(result(ONE_AREA, '[{"name": "triangle_area", "arguments": {"base": "10", "height": 5}}]'),
+                   ONE_AREA, suite="s", harness_version="h")
+    assert f.signature == "wrong type str given for integer"
+    assert "base" in f.detail["check"] and f.detail["called"] == ["triangle_area"]
+
+
+def _string_typed_batch() -> tuple[list, BatchContext, dict[str, Instance]]:
+    """Three tools, six instances, in three categories; models `weak` and `weaker` both pass numbers
+    as text on all six: the same slip across instances, categories and models."""
+    insts = {}
+    for n, (fn, arg) in enumerate([(AREA, ("base", "integer")), (FLAG, ("level", "float")),
+                                   (doc("count_words", limit="integer"), ("limit", "integer"))] * 2):
+        params = {p: [1] for p in fn["parameters"]["properties"]}
+        inst = instance(f"x{n}", [fn], [{fn["name"]: params}], category=f"cat{n % 3}")
+        insts[inst.id] = inst
+    results = []
+    for inst in insts.values():
+        fn = inst.fields["functions"][0]
+        args = {p: "1" for p in fn["parameters"]["properties"]}
+        results += [result(inst, json.dumps([{"name": fn["name"], "arguments": args}]), model=m)
+                    for m in ("weak", "weaker")]
+    failures = extract_failures(results, insts, suite="s", harness_version="h")
+    batch = BatchContext.build([("s", r) for r in results], failures)
+    return failures, batch, insts
+
+
+def test_the_same_slip_on_different_tools_is_one_cluster_and_the_heuristic_roles_repair_it() -> None:
+    failures, batch, _ = _string_typed_batch()
+    assert {f.type for f in failures} == {"wrong_argument"} and len(failures) == 12
+    clusters = aggregate(failures, batch)
+    assert len(clusters) == 1 and clusters[0].size == 12 and clusters[0].verdict == "harness-level"
+    assert Ranking.for_cluster(clusters[0]).names[0] == "argument_coercion"
+    files = read_dir(STARTER_AGENT_DIR)
+    case = CaseFile(cluster=clusters[0], files=files, harness_version="h", batch=batch, exemplars=[])
+    backend = HeuristicRoleBackend()
+    outputs = {}
+    for role in ROLES:
+        turn = backend.run(role, case, 1)
+        assert schema_errors(role, turn.output) == []
+        outputs[role] = turn.output
+        if role == "investigator":
+            case.investigation = turn.output
+        if role == "proposer":
+            case.draft = materialize(turn.output, case)
+    assert "wrong type in 12 of 12" in outputs["investigator"]["root_cause"]
+    assert outputs["proposer"]["operator"] == "argument_coercion"
+    validate_files(case.draft.files)
+
+
+def solve(files: dict[str, str], task: dict, replies: list[str]) -> tuple[str | None, list[dict]]:
+    """Run the harness on one task in the sandbox; the model answers from `replies` in order."""
+    requests: list[dict] = []
+    queue = list(replies)
+
+    def on_generate(request: dict) -> dict:
+        requests.append(request)
+        text = queue.pop(0) if len(queue) > 1 else queue[0]
+        return {"op": "completion", "text": text, "finish_reason": "stop", "prompt_tokens": 1,
+                "completion_tokens": 1}
+
+    pool = WorkerPool(files, FAST)
+    try:
+        outcome = pool.solve(task, on_generate)
+    finally:
+        pool.close()
+    assert outcome.error_type is None, outcome.error_message
+    return outcome.answer, requests
+
+
+def agent_files(*names: str) -> dict[str, str]:
+    failures, batch, _ = _string_typed_batch()
+    cluster = aggregate(failures, batch)[0]
+    files = read_dir(STARTER_AGENT_DIR)
+    for name in names:
+        inp = RepairInput(files, cluster)
+        assert OPERATORS[name].unavailable(inp) is None
+        files = OPERATORS[name].apply(inp).files
+    validate_files(files)
+    return files
+
+
+TASK = {"input": "Set the flag on at level 2, and plan a route from Oslo to Bergen.", "choices": None,
+        "category": "x", "fields": {"functions": [FLAG, ROUTE]}}
+
+
+def test_the_agent_repairs_compose_and_report_presence() -> None:
+    starter = read_dir(STARTER_AGENT_DIR)
+    assert not any(op.present(starter) for op in AGENT_OPERATORS)
+    files = agent_files(*(op.name for op in AGENT_OPERATORS))
+    assert all(op.present(files) for op in AGENT_OPERATORS)
+    reply = json.dumps([{"name": "set_flag", "arguments": {"enabled": "true", "level": "2"}},
+                        {"name": "plan_route", "arguments": {"start": "Oslo", "stops": "Bergen"}},
+                        {"name": "made_up", "arguments": {}}])
+    answer, requests = solve(files, TASK, ["Let me think about which function to use.", reply])
+    assert json.loads(answer) == [{"name": "set_flag", "arguments": {"enabled": True, "level": 2.0}},
+                                  {"name": "plan_route", "arguments": {"start": "Oslo", "stops": ["Bergen"]}}]
+    assert len(requests) == 2  # the prose reply was re-asked once
+    last = requests[1]["messages"]
+    assert last[-2] == {"role": "assistant", "content": "Let me think about which function to use."}
+    assert "cannot be read as function calls" in last[-1]["content"]
+    assert "example_function" in requests[0]["messages"][1]["content"]  # the format, in the user message
+    assert "do not invent a function" in requests[0]["messages"][0]["content"]
+
+
+def test_coercion_keeps_what_it_cannot_convert_losslessly() -> None:
+    files = agent_files("argument_coercion")
+    reply = json.dumps([{"name": "set_flag", "arguments": {"enabled": "maybe", "level": "high"}},
+                        {"name": "plan_route", "arguments": {"start": 7, "stops": '["A", "B"]'}}])
+    answer, _ = solve(files, TASK, [reply])
+    assert json.loads(answer) == [{"name": "set_flag", "arguments": {"enabled": "maybe", "level": "high"}},
+                                  {"name": "plan_route", "arguments": {"start": "7", "stops": ["A", "B"]}}]
+
+
+def test_no_tool_path_turns_an_invented_call_into_no_call_and_leaves_prose_alone() -> None:
+    files = agent_files("no_tool_path")
+    assert solve(files, TASK, ['[{"name": "weather_now", "arguments": {"city": "Oslo"}}]'])[0] == "[]"
+    assert solve(files, TASK, ["I cannot help with that."])[0] == "I cannot help with that."
+
+
+def test_written_answer_repairs_refuse_a_cluster_of_calls() -> None:
+    failures, batch, _ = _string_typed_batch()
+    inp = RepairInput(read_dir(STARTER_AGENT_DIR), aggregate(failures, batch)[0])
+    assert "function calls" in OPERATORS["answer_format_instruction"].unavailable(inp)
+    assert OPERATORS["answer_extraction"].unavailable(inp)  # the starter agent has no extract_answer
+
+
+@pytest.mark.slow
+def test_a_real_model_on_bfcl_fails_in_agent_types(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SmolLM2 on six BFCL entries through the engine: every failure gets an agent type, with the
+    checker's reason, and none falls back to the written-answer types."""
+    from ecdysis.service import RunRequest, Service
+    from ecdysis.suites.bfcl import is_fetched
+    from storage import open_store
+    if not is_fetched():
+        pytest.skip("the BFCL data is not fetched (scripts/fetch_bfcl.py)")
+    monkeypatch.setenv("ECDYSIS_HOME", str(tmp_path))
+    svc = Service(open_store())
+    seen = []
+    for suite in ("bfcl-simple", "bfcl-parallel", "bfcl-irrelevance"):
+        run = svc.run(RunRequest(suite=suite, model="smollm2", split="train", limit=2))
+        results = svc.results(run.run_id)
+        instances = {i.id: i for i in svc.suite(suite).instances}
+        failures = extract_failures(results, instances, suite=suite)
+        assert len(failures) == sum(1 for r in results if not r.correct)
+        for f in failures:
+            assert f.type in AGENT_TYPES + ("exception", "timeout", "crash", "model_error"), f
+            assert f.shape == "calls" and f.detail.get("mechanism")
+        seen += failures
+    assert seen, "SmolLM2 answered all six BFCL entries right; the test learns nothing"
