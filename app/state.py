@@ -20,6 +20,7 @@ def _preload_engine() -> None:
     import ecdysis.export  # noqa: F401
     import ecdysis.gate  # noqa: F401
     import ecdysis.jobs  # noqa: F401
+    ecdysis.aggregate.load_clustering_stack()
 
 
 @st.cache_resource(show_spinner=False)

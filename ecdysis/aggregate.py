@@ -4,6 +4,9 @@ models at once) are clustered by type and text similarity, scored for systematic
 Verdicts are `harness-level` (recurs across instances, categories and models: repair the harness),
 `model-specific` (one model's quirk, contrasted with another model on the same instances: no patch)
 or `noise` (too small or inconsistent to act on). Every policy here is a small named class.
+
+scikit-learn and SciPy are imported where a batch is clustered, not at the top: they take about a
+second to import, which every light CLI command and the app's first page would pay otherwise.
 """
 
 from __future__ import annotations
@@ -13,14 +16,12 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
-from scipy import sparse
-from sklearn.cluster import HDBSCAN, AgglomerativeClustering, MiniBatchKMeans
-from sklearn.decomposition import TruncatedSVD
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.preprocessing import normalize
+
+if TYPE_CHECKING:
+    from scipy import sparse
 
 from ecdysis.failures import FAILURE_TITLES, Failure
 from ecdysis.records import InstanceResult
@@ -30,6 +31,17 @@ VERDICT_RANK: dict[str, int] = {"harness-level": 0, "model-specific": 1, "noise"
 
 
 # ---------------------------------------------------------------- the batch
+
+def load_clustering_stack() -> None:
+    """Import scikit-learn and SciPy now. A long-lived process that clusters from several threads
+    (the app) calls this once up front: two threads importing one module at the same moment can
+    see it half-built."""
+    import scipy.sparse  # noqa: F401
+    import sklearn.cluster  # noqa: F401
+    import sklearn.decomposition  # noqa: F401
+    import sklearn.feature_extraction.text  # noqa: F401
+    import sklearn.preprocessing  # noqa: F401
+
 
 @dataclass(frozen=True)
 class BatchContext:
@@ -114,6 +126,8 @@ def _agglomerate(matrix: Any, threshold: float) -> np.ndarray:
     """Average-linkage clustering cut at `threshold`, on distance 1 - (row . row). For unit rows
     that is cosine distance; for raw group centroids it is exactly the average pairwise cosine
     distance between the groups' members, so groups merge as their members would."""
+    from scipy import sparse
+    from sklearn.cluster import AgglomerativeClustering
     n = matrix.shape[0]
     if n == 1:
         return np.zeros(1, dtype=int)
@@ -128,6 +142,7 @@ def _agglomerate(matrix: Any, threshold: float) -> np.ndarray:
 
 def _centroids(matrix: Any, labels: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Weighted raw centroid per label (rows of the returned array follow `np.unique(labels)`)."""
+    from scipy import sparse
     ids, inverse = np.unique(labels, return_inverse=True)
     member = sparse.csr_matrix((weights.astype(float), (inverse, np.arange(len(labels)))),
                                shape=(len(ids), len(labels)))
@@ -160,6 +175,7 @@ class AgglomerativeTfidf:
     name: str = "agglomerative-tfidf"
 
     def labels(self, matrix: sparse.csr_matrix, counts: np.ndarray) -> np.ndarray:
+        from sklearn.cluster import MiniBatchKMeans
         n = matrix.shape[0]
         if n <= self.max_exact:
             return _agglomerate(matrix, self.distance_threshold)
@@ -190,6 +206,9 @@ class HdbscanTfidf:
     name: str = "hdbscan-tfidf"
 
     def labels(self, matrix: sparse.csr_matrix, counts: np.ndarray) -> np.ndarray:
+        from sklearn.cluster import HDBSCAN
+        from sklearn.decomposition import TruncatedSVD
+        from sklearn.preprocessing import normalize
         n, features = matrix.shape
         repeats = np.minimum(np.maximum(counts, 1), self.max_repeat).astype(int)
         if int(repeats.sum()) <= self.min_cluster_size or n < 2 or features < 2:
@@ -632,6 +651,8 @@ class _Group:
 
 
 def _cluster_type(type_: str, failures: Sequence[Failure], policy: ClusteringPolicy) -> list[_Group]:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.preprocessing import normalize
     distinct = sorted({f.signature for f in failures})
     vectorizer = TfidfVectorizer(sublinear_tf=True, token_pattern=r"(?u)\b\w+\b", dtype=np.float64)
     matrix = normalize(vectorizer.fit_transform(distinct)).tocsr()

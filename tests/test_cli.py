@@ -101,3 +101,14 @@ def test_run_and_evolve_default_to_qwen_with_smollm2_as_second_model() -> None:
     assert result["models"] == ["qwen2.5-coder-0.5b", "smollm2"]
     assert result["status"] == "done" and len(result["iterations"]) == 1
     assert result["test_accuracy"] is not None and result["base_test_accuracy"] is not None
+
+
+def test_light_commands_do_not_import_the_clustering_stack() -> None:
+    """scikit-learn and SciPy take about a second to import; the CLI module, and with it every
+    light command (runs, harnesses, proposals, settings, --help), loads neither. The time itself
+    is a benchmark figure (README, "A fast CLI"), not asserted here."""
+    probe = ("import sys, ecdysis.cli, storage; "
+             "print(sorted(m for m in ('sklearn', 'scipy', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]", out.stdout
