@@ -237,3 +237,22 @@ def test_a_real_model_on_bfcl_fails_in_agent_types(tmp_path: Path, monkeypatch: 
             assert f.shape == "calls" and f.detail.get("mechanism")
         seen += failures
     assert seen, "SmolLM2 answered all six BFCL entries right; the test learns nothing"
+
+
+def test_abstain_check_takes_a_second_look_only_when_nothing_is_called() -> None:
+    files = agent_files("abstain_check")
+    call = '[{"name": "set_flag", "arguments": {"enabled": true, "level": 2.0}}]'
+    answer, requests = solve(files, TASK, ["[]", call])
+    assert json.loads(answer) == json.loads(call) and len(requests) == 2
+    assert requests[1]["messages"][-1]["content"].startswith("You called no function.")
+    assert solve(files, TASK, ["[]", "[]"])[0] == "[]"          # still nothing: no call it is
+    assert len(solve(files, TASK, [call])[1]) == 1              # a call is never second-guessed
+
+
+def test_a_cluster_of_calls_never_made_ranks_the_second_look_first() -> None:
+    insts = {i.id: i for i in (ONE_AREA, TWO_AREAS, instance("a3", [AREA], json.loads(ONE_AREA.target), "other"))}
+    results = [result(i, "[]", model=m) for i in insts.values() for m in ("weak", "weaker")]
+    failures = extract_failures(results, insts, suite="s", harness_version="h")
+    assert {(f.type, f.detail["mechanism"]) for f in failures} == {("call_count", "no call")}
+    cluster = aggregate(failures, BatchContext.build([("s", r) for r in results], failures))[0]
+    assert Ranking.for_cluster(cluster).names == ["abstain_check", "call_format"]

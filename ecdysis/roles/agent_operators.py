@@ -8,7 +8,8 @@ instance, a function's name or a target, so it applies to any tool set.
 - `call_parse_retry`: when a reply holds no readable calls, show the model its reply and ask again;
 - `argument_coercion`: each argument converted to its declared type ("5" for an integer, a lone
   value for an array, "true" for a boolean);
-- `no_tool_path`: say when to call nothing, and drop calls to functions the task does not list.
+- `no_tool_path`: say when to call nothing, and drop calls to functions the task does not list;
+- `abstain_check`: a reply that calls nothing gets one second look against the listed functions.
 """
 
 from __future__ import annotations
@@ -54,12 +55,11 @@ class _AgentCode:
 class CallFormat:
     name: str = "call_format"
     title: str = "Strict call format with one example"
-    text: str = ("\n\nReply with one JSON list of calls and no other text. Example of the form, for a function "
-                 "example_function(city: string, days: integer) called twice:\n"
-                 '[{"name": "example_function", "arguments": {"city": "Paris", "days": 3}}, '
-                 '{"name": "example_function", "arguments": {"city": "Rome", "days": 5}}]\n'
-                 "Use only the functions listed above, with their exact names and parameter names. "
-                 "Reply [] when none of them does what is asked.\n")
+    text: str = ("\n\nReply with one JSON list of calls and no other text, in this form (for an example "
+                 "function with a text and a number parameter):\n"
+                 '[{"name": "example_function", "arguments": {"city": "Paris", "days": 3}}]\n'
+                 "Use only the functions listed above, with their exact names and parameter names. When the "
+                 "request needs several calls, put them all in the list.\n")
 
     def present(self, files: Mapping[str, str]) -> bool:
         return self.text.strip() in files.get("user.md", "")
@@ -75,11 +75,11 @@ class CallFormat:
         return RepairResult(self.name, files, ModificationSpec(
             target_files=("user.md",), operator=self.name,
             change="End the user message with the exact reply format: one JSON list of calls and nothing else, "
-                   "one example of the form (an invented function, called twice), only the listed functions "
-                   "and parameter names, and [] when none applies.",
+                   "one example of the form (an invented function), only the listed functions and parameter "
+                   "names, every call the request needs in the one list.",
             root_cause=inp.root_cause or "Replies are not in a form the harness can read as calls.",
             expected_effect="More replies are a bare JSON list of calls; unparsable calls, invented parameter "
-                            "names and a missing second call should drop.",
+                            "names and missing further calls should drop.",
             risk="A small model may copy the example's function or values; a longer prompt.",
             scope=cluster_scope(inp.cluster) + "; the format and its example name no task and no listed function."))
 
@@ -264,13 +264,62 @@ def solve(task, model, harness):
             scope=cluster_scope(inp.cluster) + "; the rule and the filter read only the task's own function list."))
 
 
-AGENT_OPERATORS = (CallFormat(), CallParseRetry(), ArgumentCoercion(), NoToolPath())
+@dataclass(frozen=True)
+class AbstainCheck(_AgentCode):
+    name: str = "abstain_check"
+    title: str = "A second look before calling nothing"
+    needs: tuple[str, ...] = ("solve", "read_calls", "calls_module")
+
+    def apply(self, inp: RepairInput) -> RepairResult:
+        block = '''# A reply that calls nothing is kept in the conversation and the model is asked once to check it
+# against the listed functions: it calls one if one does what is asked, else replies [] again.
+_ECD_ABSTAIN_REQUEST = ("You called no function. Read the request and the listed functions again. If one of "
+                        "them does what is asked, reply with the JSON list of calls; if none does, reply [] again.")
+
+
+class _EcdAbstainCheckModel:
+    def __init__(self, model, calls):
+        self._model, self._calls = model, calls
+
+    def __getattr__(self, name):  # score and anything else it does not wrap
+        return getattr(self._model, name)
+
+    def generate(self, messages, **options):
+        reply = self._model.generate(messages, **options)
+        if read_calls(reply.text, self._calls) == []:
+            messages = list(messages) + [{"role": "assistant", "content": reply.text},
+                                         {"role": "user", "content": _ECD_ABSTAIN_REQUEST}]
+            reply = self._model.generate(messages, **options)
+        return reply
+
+
+_ecd_before_abstain_check = solve
+
+
+def solve(task, model, harness):
+    return _ecd_before_abstain_check(task, _EcdAbstainCheckModel(model, calls_module(harness)), harness)
+'''
+        files = dict(inp.files)
+        files["harness.py"] = _append(files["harness.py"], self.name, block)
+        return RepairResult(self.name, files, ModificationSpec(
+            target_files=("harness.py",), operator=self.name,
+            change="Wrap the model passed to solve: when a reply calls no function, keep it in the conversation "
+                   "and ask once to check it against the listed functions, calling one if one does what is "
+                   "asked and replying [] again otherwise.",
+            root_cause=inp.root_cause or "The model calls nothing where a listed function does what is asked.",
+            expected_effect="Requests a listed function serves stop going unanswered; missing calls should drop.",
+            risk="One extra model call per reply that calls nothing; a request no function serves may be "
+                 "answered with a call on the second look (irrelevance), which the paired gate must weigh.",
+            scope=cluster_scope(inp.cluster) + "; the trigger is an empty list of calls, for any task."))
+
+
+AGENT_OPERATORS = (CallFormat(), CallParseRetry(), ArgumentCoercion(), NoToolPath(), AbstainCheck())
 
 # Which agent repairs address which agent failure type, best first.
 AGENT_RANKING: dict[str, tuple[str, ...]] = {
     "unparsable_call": ("call_format", "call_parse_retry", "output_budget"),
     "wrong_argument": ("argument_coercion", "call_format"),
     "wrong_function": ("no_tool_path", "call_format"),
-    "call_count": ("call_format",),
+    "call_count": ("call_format", "abstain_check"),
     "irrelevant_call": ("no_tool_path", "call_format"),
 }

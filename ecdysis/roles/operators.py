@@ -845,6 +845,12 @@ class Ranking:
             if cut * 2 > len(cluster.failures):
                 names.remove("output_budget")
                 names.insert(0, "output_budget")
+        if cluster.type == "call_count" and names:
+            silent = sum(1 for f in cluster.failures if f.detail.get("mechanism") == "no call")
+            # Calls that are never made need a second look at the functions, not a format.
+            if silent * 2 > len(cluster.failures):
+                names.remove("abstain_check")
+                names.insert(0, "abstain_check")
         if cluster.type == "truncated" and names:
             short = sum(1 for f in cluster.failures if f.shape in ("number", "boolean", "choice"))
             # A reply cut off before a one-word answer is prose, not a long answer: a bigger
