@@ -10,6 +10,7 @@ import streamlit as st
 from app import charts, views
 from app import components as ui
 from app.state import remember, remembered
+from ecdysis.failures import FAILURE_TITLES
 from ecdysis.service import Service
 from ecdysis.store import DiagnosisRecord
 
@@ -113,15 +114,20 @@ def drilldown(svc: Service, report: Mapping[str, Any]) -> None:
     models = model_col.multiselect("Models", sorted({r["model"] for r in every}), key=f"members:{scope}:models",
                                    placeholder="all models")
     failures = type_col.multiselect("Failure types", sorted({r["failure"] for r in every}),
-                                    key=f"members:{scope}:types", placeholder="all failure types")
+                                    key=f"members:{scope}:types", placeholder="all failure types",
+                                    format_func=lambda t: FAILURE_TITLES.get(t, t))
     text = search_col.text_input("Search", key=f"members:{scope}:search",
-                                 placeholder="id, answer, target or evidence")
+                                 placeholder="id, answer, target, evidence or checker detail")
     rows = views.filter_members(every, models=models, failures=failures, text=text)
     shown = f"{len(rows)} of {len(every)}" if len(rows) < len(every) else str(len(rows))
     st.markdown(f"**{shown} failing instance{'' if len(every) == 1 else 's'}** · click a row for its trajectory")
     event = st.dataframe(rows, key=f"members:{scope}:table", hide_index=True, width="stretch",
                          on_select="rerun", selection_mode="single-row",
-                         column_config={"evidence": st.column_config.TextColumn("evidence", width="large")})
+                         column_config={"evidence": st.column_config.TextColumn("evidence", width="large"),
+                                        "mechanism": st.column_config.TextColumn(
+                                            "mechanism", help="how the calls went wrong"),
+                                        "check": st.column_config.TextColumn(
+                                            "check", help="the checker's first broken rule", width="large")})
     picked = list(getattr(getattr(event, "selection", None), "rows", None) or [])
     clicked = ui.new_click(f"members:{scope}", f"{rows[picked[0]]['run']}/{rows[picked[0]]['instance']}"
                            if picked and picked[0] < len(rows) else None)
@@ -136,12 +142,13 @@ def drilldown(svc: Service, report: Mapping[str, Any]) -> None:
     if chosen:
         run_id, _, instance_id = chosen.partition("/")
         row = next(r for r in rows if f"{r['run']}/{r['instance']}" == chosen)
-        st.caption(f"failure type: {ui.md(row['failure'])} — {ui.md(row['evidence'])}")
+        title = FAILURE_TITLES.get(row["failure"], row["failure"])
+        st.caption(f"failure type: {ui.md(title)} — {ui.md(views.member_evidence(row))}")
         result = ui.find_result(svc, run_id, instance_id)
         if result is None:
             st.warning(f"The result of {ui.md(instance_id)} in run {ui.md(run_id)} is no longer stored.")
         else:
-            ui.trajectory(result)
+            ui.trajectory(result, ui.agent_instance(svc, svc.get_run(run_id).suite, result))
 
 
 def conversation(report: Mapping[str, Any]) -> None:

@@ -12,8 +12,11 @@ from app import diffview, views
 from app.guard import error_text, shown_errors
 from app.state import remember, remembered
 from app.text import code, md
+from app.tool_calls import ToolCallsView, calls_target, tool_calls_view
 from ecdysis.diffs import FileDiff
-from ecdysis.records import InstanceResult, RunRecord
+from ecdysis.errors import NotFound
+from ecdysis.failures import is_agent_instance
+from ecdysis.records import Instance, InstanceResult, RunRecord
 from ecdysis.service import Service
 from ecdysis.store import JobRecord
 
@@ -193,8 +196,53 @@ def _message(role: str, content: str) -> None:
         st.text(content)
 
 
-def trajectory(result: InstanceResult) -> None:
-    """Everything the harness did on one instance: every prompt it sent and every response."""
+def agent_instance(svc: Service, suite: str, result: InstanceResult) -> Instance | None:
+    """The instance behind `result` when it is an agent instance (its answer is function calls),
+    for the Tool calls view; None for every other result, decided on the stored target before any
+    suite is loaded, and when the suite is no longer there."""
+    if not calls_target(result.target):
+        return None
+    with shown_errors():
+        try:
+            instances = svc.suite(suite).instances
+        except NotFound:
+            return None  # the suite was removed since the run: the turns are all there is to show
+        found = next((i for i in instances if i.id == result.instance_id), None)
+        return found if found is not None and is_agent_instance(found) else None
+    return None
+
+
+def tool_calls(view: ToolCallsView, *, key: str) -> None:
+    """An agent's final answer as the checker read it: the calls (each marked whether the task
+    lists its function), the calls the task expects, and the checker's verdict."""
+    with st.container(border=True):
+        st.markdown("**Tool calls** · read from the final answer the way the checker reads them")
+        mark = ":green[✓]" if view.correct else ":red[✗]"
+        st.markdown(f"{mark} **checker**: {md(view.verdict)}")
+        if view.calls is None:
+            st.caption("The answer is not calls in JSON or Python syntax; the model's reply is in the turns below.")
+        elif not view.calls:
+            st.caption("The answer holds no call.")
+        else:
+            st.dataframe(view.call_rows(), key=f"{key}:calls", hide_index=True, width="stretch", column_config={
+                "listed by the task": st.column_config.TextColumn(
+                    "listed by the task", help="no: a function the task does not offer (the model invented it)"),
+                "arguments": st.column_config.TextColumn("arguments", help="as JSON", width="large"),
+                "by position": st.column_config.TextColumn("by position", help="the checker refuses these")
+                if view.positional else None,
+            })
+        st.markdown(f"**Expected** · {views.count(view.expected_calls, 'call')}, in any order")
+        if not view.expected:
+            st.caption("No function applies here: the right answer is no call at all.")
+        else:
+            st.dataframe(view.expected_rows(), key=f"{key}:expected", hide_index=True, width="stretch",
+                         column_config={"allowed values": st.column_config.TextColumn(
+                             "allowed values", help="any one of these, as JSON", width="large")})
+
+
+def trajectory(result: InstanceResult, instance: Instance | None = None) -> None:
+    """Everything the harness did on one instance: every prompt it sent and every response; for
+    an agent instance (give it as `instance`, see `agent_instance`) also the Tool calls view."""
     outcome = "correct" if result.correct else (result.error_type or "wrong answer")
     st.markdown(f"**{md(result.instance_id)}** · {md(result.model)} · {md(result.category)} · **{md(outcome)}**")
     a, t, c = st.columns(3)
@@ -206,11 +254,20 @@ def trajectory(result: InstanceResult) -> None:
                help="the rest is waiting for the model (other jobs share it), the sandbox and the harness's own code")
     if result.error_type:
         st.error(f"{md(result.error_type)}: {md(result.error_message or '')}", icon=":material/bug_report:")
+    view = None
+    if instance is not None:
+        with shown_errors():  # a suite whose target and docs disagree: one line, the turns still show
+            view = tool_calls_view(result.answer, instance)
+    if view is not None:
+        tool_calls(view, key=f"tools:{result.run_id}:{result.instance_id}")
     if result.stdout_tail:
         with st.expander("harness output (stdout tail)"):
             st.code(result.stdout_tail, language=None)
     if not result.calls:
         st.caption("The harness made no model call on this instance.")
+    elif view is not None:
+        st.markdown(f"**Turns** · {views.count(len(result.calls), 'model call')}: what the harness sent, what the "
+                    f"model replied")
     for call in result.calls:
         with st.container(border=True):
             cache = " · cache hit" if call.cache_hit else ""
@@ -300,7 +357,7 @@ def _run_detail(svc: Service, run: RunRecord) -> None:
                 page_link("clusters", "Watch it on Failure clusters", ":material/bubble_chart:")
     found = next((r for r in results if r.instance_id == chosen), None)
     if found is not None:
-        trajectory(found)
+        trajectory(found, agent_instance(svc, run.suite, found))
 
 
 def find_result(svc: Service, run_id: str, instance_id: str) -> InstanceResult | None:

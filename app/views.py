@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from ecdysis.failures import AGENT_TYPES
 from ecdysis.records import InstanceResult, RunRecord
 from ecdysis.store import DiagnosisRecord, EvolutionRecord, HarnessVersion, JobRecord, ProposalRecord
 
@@ -244,22 +245,43 @@ def cluster_title(c: Mapping[str, Any], width: int = 60) -> str:
 
 
 def member_rows(cluster: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [{"instance": m["instance_id"], "model": m["model"], "category": m["category"],
-             "failure": m.get("type", ""), "answer": (m.get("answer") or "")[:60],
-             "target": str(m.get("target", ""))[:60],
-             "evidence": m.get("excerpt", ""), "run": m["run_id"]}
-            for m in cluster.get("members", [])]
+    """A cluster's failures as table rows. A text answer's row shows its evidence; an agent's
+    (`failures.AGENT_TYPES`) shows instead how its calls went wrong (the mechanism) and the
+    checker's detail, which is what its evidence is made of."""
+    return [_member_row(m) for m in cluster.get("members", [])]
+
+
+def _member_row(m: Mapping[str, Any]) -> dict[str, Any]:
+    agent = m.get("type") in AGENT_TYPES
+    detail = m.get("detail") or {}
+    row: dict[str, Any] = {"instance": m["instance_id"], "model": m["model"], "category": m["category"],
+                           "failure": m.get("type", "")}
+    if agent:
+        row |= {"mechanism": str(detail.get("mechanism") or ""), "check": str(detail.get("check") or "")}
+    row |= {"answer": (m.get("answer") or "")[:60], "target": str(m.get("target", ""))[:60]}
+    if not agent:
+        row["evidence"] = m.get("excerpt", "")
+    return row | {"run": m["run_id"]}
 
 
 def filter_members(rows: Sequence[Mapping[str, Any]], *, models: Sequence[str] = (),
                    failures: Sequence[str] = (), text: str = "") -> list[Mapping[str, Any]]:
     """A cluster's failing instances that a reader asked for: the chosen models and failure types
-    (all when none), and `text` (case-insensitive) in the instance id, answer, target or evidence."""
+    (all when none), and `text` (case-insensitive) in the instance id, answer, target or evidence
+    (an agent's: its mechanism or the checker's detail)."""
     wanted = text.strip().casefold()
     return [r for r in rows
             if (not models or r["model"] in models) and (not failures or r["failure"] in failures)
             and (not wanted or any(wanted in str(r.get(k) or "").casefold()
-                                   for k in ("instance", "answer", "target", "evidence")))]
+                                   for k in ("instance", "answer", "target", "evidence", "mechanism", "check")))]
+
+
+def member_evidence(row: Mapping[str, Any]) -> str:
+    """What a member's caption says after its failure type: an agent's mechanism and the checker's
+    detail, else the evidence excerpt."""
+    if "mechanism" in row:
+        return f"{row['mechanism']}; checker: {row['check']}" if row.get("check") else str(row["mechanism"])
+    return str(row.get("evidence", ""))
 
 
 def proposal_json(report: Mapping[str, Any], cluster_id: str) -> dict[str, Any] | None:
