@@ -24,6 +24,7 @@ from typing import Any
 from ecdysis.errors import ConfigError, InputError, NotFound
 from ecdysis.records import SPLITS, Suite
 from ecdysis.store import Store
+from ecdysis.suites.bfcl import MIXTURES as BFCL_MIXTURES
 from ecdysis.suites.bfcl import SUITES as BFCL_SUITES
 from ecdysis.suites.bfcl import is_fetched as bfcl_fetched
 from ecdysis.suites.bfcl import bfcl_dir, load_bfcl, question_file
@@ -95,7 +96,7 @@ def describe_suites(store: Store | None = None, *, bigbench: bool = True,
     if bfcl:
         suites += [load_suite(n) for n in bfcl_suites()]
     if store is not None:
-        taken = set(builtin_suite_names()) | set(BFCL_SUITES)
+        taken = set(builtin_suite_names()) | set(BFCL_SUITES) | set(BFCL_MIXTURES)
         suites += [_prepared(s) for s in store.list_suites() if s.name not in taken]
     rows = [_describe(s) for s in suites]
     if bigbench:  # what the catalogue holds: building it takes minutes, so set-up does that
@@ -105,7 +106,7 @@ def describe_suites(store: Store | None = None, *, bigbench: bool = True,
 
 def bfcl_suites(root: Path | None = None) -> list[str]:
     """The BFCL suite names, when their files are fetched (else none: `bfcl.FETCH_HINT` says how)."""
-    return list(BFCL_SUITES) if bfcl_fetched(root) else []
+    return [*BFCL_SUITES, *BFCL_MIXTURES] if bfcl_fetched(root) else []
 
 
 CATALOGUE_FILE = "ecdysis-catalogue.json"
@@ -202,7 +203,7 @@ def _scorer_per_category(suite: Suite) -> dict[str, str]:
 def _resolve(name: str, store: Store | None) -> Suite:
     if name in builtin_suite_names():
         return builtin_suite(name)
-    if name in BFCL_SUITES:
+    if name in BFCL_SUITES or name in BFCL_MIXTURES:
         return load_bfcl(name)
     if name.startswith(BIGBENCH_PREFIX):
         return load_bigbench(name[len(BIGBENCH_PREFIX):], name=name)
@@ -219,7 +220,7 @@ def _resolve(name: str, store: Store | None) -> Suite:
 
 def _known_hint(store: Store | None) -> str:
     parts = [f"built-in: {', '.join(builtin_suite_names())}",
-             f"BFCL: {', '.join(BFCL_SUITES)}" + ("" if bfcl_fetched() else " once `scripts/fetch_bfcl.py` has run")]
+             f"BFCL: {', '.join([*BFCL_SUITES, *BFCL_MIXTURES])}" + ("" if bfcl_fetched() else " once `scripts/fetch_bfcl.py` has run")]
     if store is not None:
         stored = sorted(s.name for s in store.list_suites())
         parts.append(f"stored: {', '.join(stored) if stored else 'none'}")

@@ -54,6 +54,13 @@ DESCRIPTIONS = {
 }
 
 
+# Suites that mix the categories, each its own category, each cut to the smallest one's size (the
+# first entries in file order), so failures can recur across categories and none drowns another.
+MIXTURES: dict[str, tuple[str, ...]] = {
+    "bfcl-single_turn": ("bfcl-simple", "bfcl-multiple", "bfcl-parallel", "bfcl-parallel_multiple", "bfcl-irrelevance"),
+}
+
+
 def bfcl_dir() -> Path:
     """ECDYSIS_BFCL_DIR, else ~/.cache/ecdysis/bfcl/bfcl_eval: fetched once per machine, outside
     the clone, with the wheel's layout below `bfcl_eval/` (data/, eval_checker/...)."""
@@ -78,9 +85,17 @@ def is_fetched(root: Path | None = None) -> bool:
 
 
 def load_bfcl(name: str, *, root: Path | None = None) -> Suite:
-    """The suite `name` (a key of `SUITES`) from the files under `root` (default `bfcl_dir()`)."""
+    """The suite `name` (a key of `SUITES` or `MIXTURES`) from the files under `root` (default
+    `bfcl_dir()`)."""
+    if name in MIXTURES:
+        parts = [load_bfcl(part, root=root) for part in MIXTURES[name]]
+        size = min(len(p.instances) for p in parts)
+        return Suite(name=name, instances=[i for p in parts for i in p.instances[:size]],
+                     scorer=ScorerSpec("bfcl_ast"), source=parts[0].source,
+                     description=f"BFCL single-turn mixture: {size} entries of each of " + ", ".join(
+                         SUITES[p] for p in MIXTURES[name]) + ", each its own category.")
     if name not in SUITES:
-        raise NotFound(f"no BFCL suite named {name!r}", hint=f"known: {', '.join(SUITES)}")
+        raise NotFound(f"no BFCL suite named {name!r}", hint=f"known: {', '.join([*SUITES, *MIXTURES])}")
     root = root or bfcl_dir()
     category = SUITES[name]
     questions = question_file(category, root)
