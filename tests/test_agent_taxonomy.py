@@ -256,3 +256,25 @@ def test_a_cluster_of_calls_never_made_ranks_the_second_look_first() -> None:
     assert {(f.type, f.detail["mechanism"]) for f in failures} == {("call_count", "no call")}
     cluster = aggregate(failures, BatchContext.build([("s", r) for r in results], failures))[0]
     assert Ranking.for_cluster(cluster).names == ["abstain_check", "call_format"]
+
+
+def test_unreadable_replies_worded_every_which_way_are_judged_as_one_union() -> None:
+    """Twelve replies that are prose, not calls, each worded its own way, over six instances in
+    three categories and two models: by wording each is a part too small to act on; their union,
+    keyed by mechanism, is one harness-level cluster."""
+    prose = ["Okay, so you want the area computed quickly.", "Certainly, I would be glad to help here.",
+             "Hmm, interesting geometry question indeed.", "Let us reason about shapes first.",
+             "As a helpful assistant, I note triangles have three sides.", "Please provide more details.",
+             "Alright! Happy to assist today.", "This requires multiplication and division.",
+             "Great question, thanks for asking it.", "Geometry is fun, isn't it?",
+             "Well, there are many formulas.", "I believe the request is clear enough."]
+    insts, results = {}, []
+    for n in range(6):
+        inst = instance(f"u{n}", [AREA], [{"triangle_area": {"base": [n + 1], "height": [5]}}], category=f"cat{n % 3}")
+        insts[inst.id] = inst
+        results += [result(inst, prose[2 * n], model="weak"), result(inst, prose[2 * n + 1], model="weaker")]
+    failures = extract_failures(results, insts, suite="s", harness_version="h")
+    assert {(f.type, f.detail["mechanism"]) for f in failures} == {("unparsable_call", "prose without an answer")}
+    clusters = aggregate(failures, BatchContext.build([("s", r) for r in results], failures))
+    assert [(c.size, c.verdict) for c in clusters] == [(12, "harness-level")]
+    assert clusters[0].label.startswith("unparsable call: prose without an answer")
