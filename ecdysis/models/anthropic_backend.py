@@ -9,8 +9,7 @@ from typing import Any
 
 import anthropic
 
-from ecdysis.errors import ModelError
-from ecdysis.models.retry import is_retryable_status, parse_retry_after, status_kind
+from ecdysis.models.remote_errors import RemoteErrors, token_count
 from ecdysis.records import Completion, CompletionRequest
 
 # A local Anthropic-compatible server may need no key; without one the SDK would go looking for
@@ -44,10 +43,11 @@ class AnthropicBackend:
         self.model_id = f"anthropic:{model}"
         self.max_concurrency = max_concurrency
         key = api_key or PLACEHOLDER_KEY
-        self._secret = api_key or ""
         self._client = anthropic.Anthropic(api_key=key, base_url=base_url, timeout=timeout_s,
                                            max_retries=0, default_headers={"x-api-key": key})
         self.base_url = str(self._client.base_url)
+        self._errors = RemoteErrors(self.model_id, self.base_url, api_key or "", _HINTS,
+                                    "check ANTHROPIC_BASE_URL and the network")
 
     def __repr__(self) -> str:
         return f"AnthropicBackend(model={self.model!r}, base_url={self.base_url!r})"
@@ -78,31 +78,15 @@ class AnthropicBackend:
         try:
             return self._client.messages.create(**params)
         except anthropic.APIStatusError as exc:
-            raise self._status_error(exc) from None
-        except anthropic.APITimeoutError:
-            raise ModelError(f"{self.model_id}: no answer from {self.base_url} within the timeout",
-                             kind="timeout", retryable=True,
-                             hint="raise ECDYSIS_MODEL_TIMEOUT if the server is just slow") from None
-        except anthropic.APIConnectionError as exc:
-            raise ModelError(f"{self.model_id}: cannot reach {self.base_url}: {self._redact(str(exc))}",
-                             kind="connection", retryable=True,
-                             hint="check ANTHROPIC_BASE_URL and the network") from None
-        except (anthropic.APIResponseValidationError, json.JSONDecodeError) as exc:
-            raise self._bad_response(f"unreadable response body ({type(exc).__name__})") from None
-
-    def _status_error(self, exc: anthropic.APIStatusError) -> ModelError:
-        status = exc.status_code
-        detail = self._redact(_short(exc.api_message or exc.message))
-        return ModelError(f"{self.model_id}: HTTP {status}: {detail}", kind=status_kind(status),
-                          retryable=is_retryable_status(status),
-                          retry_after=parse_retry_after(exc.response.headers),
-                          hint=_HINTS.get(status))
+            self._errors.reraise(exc, anthropic, status_detail=str(exc.api_message or exc.message))
+        except (anthropic.APIError, json.JSONDecodeError) as exc:
+            self._errors.reraise(exc, anthropic)
 
     def _completion(self, response: Any, latency: float) -> Completion:
         # Bodies are not validated by the SDK, so a wrong shape is caught here, field by field.
         blocks = getattr(response, "content", None)
         if not isinstance(blocks, list):
-            raise self._bad_response("the response has no content list")
+            raise self._errors.bad_response("the response has no content list")
         texts = [b.text for b in blocks
                  if getattr(b, "type", None) == "text" and isinstance(getattr(b, "text", None), str)]
         tool_inputs = [b.input for b in blocks if getattr(b, "type", None) == "tool_use"
@@ -110,20 +94,13 @@ class AnthropicBackend:
         if tool_inputs:
             texts = [json.dumps(tool_inputs[0], ensure_ascii=False)]
         if not texts:
-            raise self._bad_response("the response has no text block")
+            raise self._errors.bad_response("the response has no text block")
         usage = getattr(response, "usage", None)
         stop = getattr(response, "stop_reason", None)
         finish = _FINISH.get(stop, stop) if isinstance(stop, str) else "stop"
-        return Completion(text="".join(texts), prompt_tokens=_count(usage, "input_tokens"),
-                          completion_tokens=_count(usage, "output_tokens"), latency_s=latency,
+        return Completion(text="".join(texts), prompt_tokens=token_count(usage, "input_tokens"),
+                          completion_tokens=token_count(usage, "output_tokens"), latency_s=latency,
                           finish_reason=finish)
-
-    def _bad_response(self, what: str) -> ModelError:
-        return ModelError(f"{self.model_id}: bad response from {self.base_url}: {what}",
-                          kind="bad_response", retryable=True)
-
-    def _redact(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
 
 
 REPLY_TOOL = "reply"
@@ -145,11 +122,3 @@ def split_system(messages: tuple[tuple[str, str], ...]) -> tuple[str, list[dict[
     return "\n\n".join(system), turns
 
 
-def _count(usage: Any, field: str) -> int:
-    value = getattr(usage, field, None)
-    return value if isinstance(value, int) and value >= 0 else 0
-
-
-def _short(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -12,9 +12,8 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletion
 
-from ecdysis.errors import ModelError
 from ecdysis.models.loopback import LoopbackTransport, is_loopback_url
-from ecdysis.models.retry import is_retryable_status, parse_retry_after, status_kind
+from ecdysis.models.remote_errors import RemoteErrors, token_count
 from ecdysis.records import Completion, CompletionRequest
 
 # Local servers ignore the key, but the SDK refuses to build a client without one.
@@ -42,7 +41,6 @@ class OpenAIBackend:
         self.model_id = f"openai:{model}"
         self.max_concurrency = max_concurrency
         self.deterministic = deterministic
-        self._secret = api_key or ""
         # A server on this machine gets the lean loopback transport (see `loopback`); any other
         # keeps the SDK's own httpx client, with its proxy, TLS and pool handling.
         effective = base_url or os.environ.get("OPENAI_BASE_URL")
@@ -53,6 +51,8 @@ class OpenAIBackend:
         self._client = openai.OpenAI(api_key=api_key or PLACEHOLDER_KEY, base_url=base_url,
                                      timeout=timeout_s, max_retries=0, http_client=http_client)
         self.base_url = str(self._client.base_url)
+        self._errors = RemoteErrors(self.model_id, self.base_url, api_key or "", _HINTS,
+                                    "check OPENAI_BASE_URL and that the server is running")
 
     def __repr__(self) -> str:
         return f"OpenAIBackend(model={self.model!r}, base_url={self.base_url!r})"
@@ -91,18 +91,10 @@ class OpenAIBackend:
                 # about `response_format` with a 500, others with 400 or 422.
                 self._schema_style = "json_object"
                 return self._call(request)
-            raise self._status_error(exc) from None
-        except openai.APITimeoutError:
-            raise ModelError(f"{self.model_id}: no answer from {self.base_url} within the timeout",
-                             kind="timeout", retryable=True,
-                             hint="raise ECDYSIS_MODEL_TIMEOUT if the server is just slow") from None
-        except openai.APIConnectionError as exc:
-            raise ModelError(f"{self.model_id}: cannot reach {self.base_url}: {self._redact(str(exc))}",
-                             kind="connection", retryable=True,
-                             hint="check OPENAI_BASE_URL and that the server is running") from None
-        except (openai.APIResponseValidationError, json.JSONDecodeError) as exc:
-            # JSONDecodeError: a 200 whose body claims to be JSON but is not.
-            raise self._bad_response(f"unreadable response body ({type(exc).__name__})") from None
+            overflow = exc.status_code == 400 and _is_context_overflow(exc)
+            self._errors.reraise(exc, openai, kind="context_overflow" if overflow else None)
+        except (openai.APIError, json.JSONDecodeError) as exc:
+            self._errors.reraise(exc, openai)
 
     def _response_format(self, schema: dict[str, Any] | None) -> dict[str, Any]:
         """Structured Outputs as OpenAI defines it (also vLLM and llama.cpp's C++ server), non-strict
@@ -112,50 +104,21 @@ class OpenAIBackend:
             return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": False}}
         return {"type": "json_object", "schema": schema}
 
-    def _status_error(self, exc: openai.APIStatusError) -> ModelError:
-        status = exc.status_code
-        detail = self._redact(_short(exc.message))
-        kind = status_kind(status)
-        if status == 400 and _is_context_overflow(exc):
-            kind = "context_overflow"
-        return ModelError(f"{self.model_id}: HTTP {status}: {detail}", kind=kind,
-                          retryable=is_retryable_status(status),
-                          retry_after=parse_retry_after(exc.response.headers),
-                          hint=_HINTS.get(status))
-
     def _completion(self, response: Any, latency: float) -> Completion:
         # The SDK does not validate bodies: a non-JSON 200 comes back as a str, and a JSON one of
         # the wrong shape as a half-built object, so every field is checked here.
         choices = getattr(response, "choices", None)
         if not isinstance(choices, list) or not choices:
-            raise self._bad_response("the response has no choices")
+            raise self._errors.bad_response("the response has no choices")
         message = getattr(choices[0], "message", None)
         text = getattr(message, "content", None)
         if not isinstance(text, str):
-            raise self._bad_response(f"choice 0 has no text content (got {type(text).__name__})")
+            raise self._errors.bad_response(f"choice 0 has no text content (got {type(text).__name__})")
         usage = getattr(response, "usage", None)
         finish = getattr(choices[0], "finish_reason", None)
-        return Completion(text=text, prompt_tokens=_count(usage, "prompt_tokens"),
-                          completion_tokens=_count(usage, "completion_tokens"), latency_s=latency,
+        return Completion(text=text, prompt_tokens=token_count(usage, "prompt_tokens"),
+                          completion_tokens=token_count(usage, "completion_tokens"), latency_s=latency,
                           finish_reason=finish if isinstance(finish, str) and finish else "stop")
-
-    def _bad_response(self, what: str) -> ModelError:
-        # Retryable: a proxy hiccup or a truncated body usually comes right on the next try.
-        return ModelError(f"{self.model_id}: bad response from {self.base_url}: {what}",
-                          kind="bad_response", retryable=True)
-
-    def _redact(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
-
-
-def _count(usage: Any, field: str) -> int:
-    value = getattr(usage, field, None)
-    return value if isinstance(value, int) and value >= 0 else 0
-
-
-def _short(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_context_overflow(exc: openai.APIStatusError) -> bool:
