@@ -279,14 +279,14 @@ def evolve(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Evolve a harness: batch, diagnose, gate, apply, validate; K iterations; sealed test at the end."""
-    from ecdysis.evolve import EvolveConfig, Evolver, summary
+    from ecdysis.evolve import EvolveConfig, summary
     svc = _service()
     reviewer = _terminal_reviewer(svc) if review else None
     sink = None if as_json else _evolve_printer()
-    evolver = Evolver(svc, events=sink, reviewer=reviewer, poll_s=0 if not (review or auto_approve) else 1.0)
+    poll_s = 0 if not (review or auto_approve) else 1.0
     if resume:
         overrides = {"max_model_calls": max_model_calls, "max_tokens": max_tokens, "max_wall_s": max_wall}
-        evo = evolver.run(resume, overrides=overrides)
+        evo = svc.run_evolution(resume=resume, events=sink, reviewer=reviewer, poll_s=poll_s, overrides=overrides)
     else:
         if not suite:
             raise EcdysisError("--suite is required", hint="`ecdysis suites` lists them; or --resume EVOLUTION_ID")
@@ -298,7 +298,7 @@ def evolve(
                            max_wall_s=max_wall, min_gain_per_call=min_gain_per_call, passes=passes,
                            screen_min_net=screen_min_net, screen_min_wins=screen_min_wins,
                            screen_rounds=screen_rounds)
-        evo = evolver.run(evolver.create(cfg).id)
+        evo = svc.run_evolution(cfg, events=sink, reviewer=reviewer, poll_s=poll_s)
     result = summary(evo)
     if as_json:
         _emit_json(result)
@@ -379,11 +379,10 @@ def _terminal_reviewer(svc: Service) -> Callable[[Any], tuple[str, str, Optional
 def export_cmd(version: str = typer.Argument(..., help="harness version id or prefix"),
                output: str = typer.Option(None, "-o", "--output", help="zip path (default VERSION.zip)")) -> None:
     """Write a harness version as a zip that runs on its own (files, manifest, README, run.py)."""
-    from ecdysis.export import export_zip
     svc = _service()
     v = svc.harness(version)
     path = output or f"{v.id}.zip"
-    data = export_zip(svc.store, v.id, path)
+    data = svc.export_harness(v.id, path)
     out.print(f"wrote {path} ({len(data)} bytes)")
 
 
@@ -393,10 +392,9 @@ def import_cmd(archive: str = typer.Argument(..., help="a harness zip exported b
     from pathlib import Path
 
     from ecdysis.errors import InputError
-    from ecdysis.export import import_zip
     if not Path(archive).is_file():
         raise InputError("no such file", path=archive)
-    v = import_zip(_service().store, archive)
+    v = _service().import_harness(Path(archive).read_bytes(), name=archive)
     out.print(f"imported harness version {v.id}")
 
 
@@ -406,9 +404,7 @@ def import_suite_cmd(path: str = typer.Argument(..., help="a JSONL suite file"),
                                                                    "else the file name)"),
                      replace: bool = typer.Option(False, "--replace", help="replace a stored suite of this name")) -> None:
     """Check every line of a JSONL suite, then store it under a name for run, evolve and the app."""
-    from pathlib import Path
-    from ecdysis.suites import import_jsonl
-    suite = import_jsonl(Path(path), store=_service().store, name=name, replace=replace)
+    suite = _service().import_suite_file(path, name=name, replace=replace)
     out.print(f"stored suite {escape(suite.name)}: {len(suite.instances)} instances, "
               f"{len(suite.categories)} categories")
 

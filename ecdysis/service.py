@@ -214,6 +214,21 @@ class ReviewAPI:
         evo = Evolver(self).create(config)  # type: ignore[arg-type]
         return self._evolution_job(evo.id)
 
+    def run_evolution(self, config: "EvolveConfig | None" = None, *, resume: str | None = None,
+                      events: Callable[[dict[str, Any]], None] | None = None,
+                      reviewer: Callable[..., Any] | None = None, poll_s: float = 1.0,
+                      overrides: dict[str, Any] | None = None) -> "EvolutionRecord":
+        """Run a new evolution (`config`) or finish a stored one (`resume`, with budget `overrides`)
+        in this thread, to its end or to a clean stop, as the CLI does; the app runs the same
+        evolution as a background job (`start_evolution_job`)."""
+        from ecdysis.evolve import Evolver
+        evolver = Evolver(self, events=events, reviewer=reviewer, poll_s=poll_s)  # type: ignore[arg-type]
+        if resume:
+            return evolver.run(resume, overrides=overrides)
+        if config is None:
+            raise InputError("an evolution needs a configuration or an evolution to resume")
+        return evolver.run(evolver.create(config).id)
+
     def resume_evolution_job(self, evolution_id: str) -> str:
         self.refuse_if_running_elsewhere(evolution_key(evolution_id))
         return self._evolution_job(evolution_id)
@@ -256,9 +271,11 @@ class ReviewAPI:
         return evo
 
     # ---- harness export / import / diff
-    def export_harness(self, version_id: str) -> bytes:
+    def export_harness(self, version_id: str, dest: str | None = None) -> bytes:
+        """The version as a zip that runs on its own, and written to `dest` when given (an
+        `InputError` says why it cannot be, and nothing is left half-written there)."""
         from ecdysis.export import export_zip
-        return export_zip(self.store, self.harness(version_id).id)  # type: ignore[attr-defined]
+        return export_zip(self.store, self.harness(version_id).id, dest)  # type: ignore[attr-defined]
 
     def import_harness(self, data: bytes, *, name: str = "upload.zip") -> HarnessVersion:
         from ecdysis.export import import_zip
@@ -282,6 +299,13 @@ class Service(ReviewAPI):
 
     def suite(self, name: str) -> Suite:
         return load_suite(name, store=self.store)
+
+    def import_suite_file(self, path: str, *, name: str | None = None, replace: bool = False) -> Suite:
+        """Store the JSONL suite at `path` (every line checked first) under `name`, else the name its
+        header gives, else the file's name."""
+        from pathlib import Path
+        from ecdysis.suites import import_jsonl
+        return import_jsonl(Path(path), store=self.store, name=name, replace=replace)
 
     def import_suite(self, data: bytes, *, name: str, filename: str = "upload.jsonl",
                      replace: bool = False) -> Suite:
