@@ -19,6 +19,7 @@ from ecdysis.aggregate import (AgglomerativeTfidf, BatchContext, Cluster, Cluste
                                VerdictPolicy, aggregate, priority_value)
 from ecdysis.budget import CallBudget
 from ecdysis.errors import InputError, NotFound
+from ecdysis.events import EventSink
 from ecdysis.failures import Failure, extract_failures
 from ecdysis.models.base import ModelBackend
 from ecdysis.models.gateway import ModelGateway
@@ -30,7 +31,6 @@ from ecdysis.roles.base import CaseFile, Exemplar, RoleBackend, render_transcrip
 from ecdysis.sandbox import SandboxLimits
 from ecdysis.store import DiagnosisRecord, HarnessVersion, Store
 
-Event = dict[str, Any]
 NO_PATCH = {
     "model-specific": "no patch: the pattern is one model's quirk, and the harness is not bent to fit one model",
     "noise": "no patch: the pattern is too small or too inconsistent to justify a harness change",
@@ -180,7 +180,7 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
              previous_clusters: Sequence[Sequence[Cluster | Mapping[str, Any]]] = (),
              current_files: Mapping[str, str] | None = None, limits: SandboxLimits | None = None,
              max_proposals: int | None = None, only_instances: Sequence[str] | None = None,
-             events: Callable[[Event], None] | None = None, budget: CallBudget | None = None,
+             events: EventSink | None = None, budget: CallBudget | None = None,
              history: Sequence[Mapping[str, Any]] = (), passes: int = 2, probe: bool = True) -> DiagnosisReport:
     """Diagnose the failures of `run_ids` as one batch.
 
@@ -244,7 +244,7 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
 
 
 def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exemplar], refiner: Refiner,
-                max_proposals: int | None, emit: Callable[[Event], None], history: list[dict[str, Any]]
+                max_proposals: int | None, emit: EventSink, history: list[dict[str, Any]]
                 ) -> tuple[dict[str, dict[str, Any]], list[Proposal]]:
     """Each cluster to refine gets the roles in priority order. Clusters that want the same repair
     (an identical patch) share the first one's proposal instead of being pushed to a different,

@@ -16,7 +16,7 @@ import hashlib
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 from ecdysis import diagnosis
@@ -26,12 +26,13 @@ from ecdysis.gate import (POLICIES, AcceptancePolicy, GateVerdict, PairKey, appr
                           decide, paired)
 from ecdysis.harness import harness_id, new_version
 from ecdysis.leases import Held, evolution_key
-from ecdysis.records import Instance, RunRecord
+from ecdysis.records import Instance
 from ecdysis.budget import CallBudget
-from ecdysis.runner import EventSink, Runner, check_limit, pick_instances
+from ecdysis.events import EventSink
+from ecdysis.runner import Runner, check_limit, pick_instances
 from ecdysis.strategies import STRATEGIES as STRATEGY_CLASSES
 from ecdysis.strategies import Strategy, strategy
-from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, HarnessVersion, ProposalRecord
+from ecdysis.store import DiagnosisRecord, EvolutionRecord, HarnessVersion, ProposalRecord
 
 STRATEGIES = tuple(STRATEGY_CLASSES)
 # Which phases' calls an iteration row counts under which name.

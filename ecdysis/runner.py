@@ -17,14 +17,13 @@ from ecdysis.executors import Batch, Executor
 from ecdysis.models.base import ModelBackend
 from ecdysis.models.gateway import (CALL_LIMIT_MESSAGE, MAX_CALLS_PER_SOLVE, ModelGateway, harness_reply,
                                     harness_request)
+from ecdysis.events import EventSink
 from ecdysis.records import (Instance, InstanceResult, ModelCall, RunRecord, RunSummary,
                              ScorerSpec, Suite)
 from ecdysis.sandbox import SandboxLimits, WorkerPool, isolation
 from ecdysis.store import HarnessVersion, Store
 from ecdysis.suites.scorers import score
 
-Event = dict[str, Any]
-EventSink = Callable[[Event], None]
 
 
 def check_limit(option: str, limit: int | None) -> None:

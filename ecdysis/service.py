@@ -14,7 +14,8 @@ from ecdysis.leases import Held, diagnosis_key, evolution_key, run_key
 from ecdysis.models.base import ModelBackend
 from ecdysis.models.registry import get_backend
 from ecdysis.records import InstanceResult, RunRecord, RunSummary, Suite
-from ecdysis.runner import CallBudget, EventSink, Runner, check_limit
+from ecdysis.events import EventSink
+from ecdysis.runner import CallBudget, Runner, check_limit
 from ecdysis.sandbox import SandboxLimits
 from ecdysis.settings import Settings
 from ecdysis.store import HarnessVersion, Store
