@@ -7,7 +7,7 @@ import html
 from dataclasses import dataclass
 from typing import Callable
 
-from ecdysis.diffs import engine
+from ecdysis.diffs import patcher
 
 CONTEXT_LINES = 3
 _STYLE = """<style>
@@ -48,7 +48,7 @@ class Row:
 
 def line_diff(old: str, new: str) -> list[tuple[int, list[str]]]:
     """diff-match-patch in line mode: (op, lines) with op -1 delete, 0 equal, 1 insert."""
-    dmp = engine()
+    dmp = patcher()
     # A missing final newline would make the last line differ from itself.
     old, new = (t if not t or t.endswith("\n") else t + "\n" for t in (old, new))
     a, b, table = dmp.diff_linesToChars(old, new)
@@ -111,7 +111,7 @@ def fold(rows: list[Row], context: int = CONTEXT_LINES) -> list[Row]:
 
 def _marked(old: str, new: str) -> tuple[str, str]:
     """HTML for a changed line pair with character-level <del>/<ins> highlights."""
-    dmp = engine()
+    dmp = patcher()
     diffs = dmp.diff_main(old, new)
     dmp.diff_cleanupSemantic(diffs)
     left, right = [], []

@@ -17,7 +17,7 @@ from ecdysis.records import from_fields
 Change = str  # "modified" | "added" | "deleted"
 
 
-def engine() -> diff_match_patch:
+def patcher() -> diff_match_patch:
     """The one diff-match-patch set-up every diff in the product uses (engine and app)."""
     dmp = diff_match_patch()
     dmp.Diff_Timeout = 2.0
@@ -75,7 +75,7 @@ def unified_text(path: str, old: str | None, new: str | None) -> str:
 
 
 def diff_file(path: str, old: str | None, new: str | None) -> FileDiff:
-    dmp = engine()
+    dmp = patcher()
     patches = dmp.patch_make(old or "", new or "")
     change: Change = "added" if old is None else ("deleted" if new is None else "modified")
     return FileDiff(path=path, change=change, patch=dmp.patch_toText(patches),
@@ -94,7 +94,7 @@ def diff_files(old: Mapping[str, str], new: Mapping[str, str]) -> list[FileDiff]
 
 def apply_diffs(files: Mapping[str, str], diffs: list[FileDiff]) -> ApplyResult:
     """Apply every diff to `files`; all or nothing."""
-    dmp = engine()
+    dmp = patcher()
     out = dict(files)
     result = ApplyResult(files=None)
     for d in diffs:
@@ -124,7 +124,7 @@ def apply_diffs(files: Mapping[str, str], diffs: list[FileDiff]) -> ApplyResult:
 
 def render_html(d: FileDiff) -> str:
     """A character-level HTML rendering (diff-match-patch's pretty HTML) for the UI's diff view."""
-    dmp = engine()
+    dmp = patcher()
     diffs = dmp.diff_main(d.old or "", d.new or "")
     dmp.diff_cleanupSemantic(diffs)
     return dmp.diff_prettyHtml(diffs)

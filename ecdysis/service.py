@@ -46,9 +46,10 @@ class RunRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class ReviewAPI:
-    """Mixed into `Service`: diagnoses, proposals, the human gate, evolutions, harness export,
-    and background jobs. The CLI and the pages call only these."""
+class AfterRuns:
+    """The half of `Service` that works on what runs produced: diagnoses, proposals and the human
+    gate, evolutions, harness export and import, and the background jobs that run them. (`Service`
+    adds suites, harnesses and runs.) The CLI and the pages call only the two."""
 
     store: Store
     settings: Settings
@@ -287,7 +288,7 @@ class ReviewAPI:
         return diff_files(self.harness(old_id).files, self.harness(new_id).files)  # type: ignore[attr-defined]
 
 
-class Service(ReviewAPI):
+class Service(AfterRuns):
     def __init__(self, store: Store, settings: Settings | None = None,
                  backend_factory: Callable[[str], ModelBackend] | None = None) -> None:
         self.store = store
