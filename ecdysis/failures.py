@@ -16,15 +16,20 @@ from ecdysis.records import Instance, InstanceResult
 
 FailureType = Literal["exception", "timeout", "crash", "model_error", "empty_output", "truncated",
                       "off_format", "invalid_choice", "wrong_answer",
-                      "unparsable_call", "wrong_function", "call_count", "wrong_argument", "irrelevant_call"]
+                      "unparsable_call", "wrong_function", "call_count", "wrong_argument", "irrelevant_call",
+                      "step_limit", "stopped_early", "env_error"]
 # How an agent's function calls go wrong (instances that give function docs, scored by `bfcl_ast`):
 # the checker's first broken rule (`suites.bfcl.CallCheck.reason`), folded into five types. Errors
 # in harness code, timeouts and model-call errors keep the types above.
 AGENT_TYPES: tuple[FailureType, ...] = ("unparsable_call", "wrong_function", "call_count", "wrong_argument",
                                         "irrelevant_call")
+# What only a conversation of calls shows (multi-turn instances, scored by `bfcl_multi_turn`): a
+# turn cut off at the harness's step limit, a turn ended before the task was done, a call the
+# environment refused. Such an instance may also fail in the agent types above, where they fit.
+MULTI_TURN_TYPES: tuple[FailureType, ...] = ("step_limit", "stopped_early", "env_error")
 FAILURE_TYPES: tuple[FailureType, ...] = ("exception", "timeout", "crash", "model_error", "empty_output",
                                           "truncated", "off_format", "invalid_choice", "wrong_answer",
-                                          *AGENT_TYPES)
+                                          *AGENT_TYPES, *MULTI_TURN_TYPES)
 FAILURE_TITLES: dict[str, str] = {
     "exception": "harness exception", "timeout": "timeout", "crash": "harness process crash",
     "model_error": "model call error", "empty_output": "empty answer", "truncated": "truncated reply",
@@ -33,6 +38,8 @@ FAILURE_TITLES: dict[str, str] = {
     "unparsable_call": "unparsable call", "wrong_function": "wrong or invented function",
     "call_count": "missing or extra call", "wrong_argument": "wrong argument value or type",
     "irrelevant_call": "a call where no function applies",
+    "step_limit": "turn cut off at the step limit", "stopped_early": "turn ended before the task was done",
+    "env_error": "a call the environment refused",
 }
 AnswerShape = Literal["choice", "number", "boolean", "word_list", "text", "calls"]
 
@@ -107,7 +114,7 @@ def answer_form(instance: Instance) -> dict[str, Any]:
 
 def expected_shape(instance: Instance) -> AnswerShape:
     """The form a correct answer takes: the suite's answer form, else read off the instance."""
-    if is_agent_instance(instance):
+    if is_agent_instance(instance) or is_multi_turn_instance(instance):
         return "calls"
     kind = answer_form(instance).get("kind")
     if kind in _FORM_SHAPES:
@@ -297,6 +304,8 @@ def classify(result: InstanceResult, instance: Instance) -> FailureType:
     """The failure type of a failed result (a correct result is not a failure)."""
     if result.error_type:
         return _ERROR_TO_TYPE.get(result.error_type, "exception")
+    if is_multi_turn_instance(instance):
+        return multi_turn_verdict(result, instance).type
     if is_agent_instance(instance):
         return agent_verdict(result, instance).type
     answer = (result.answer or "").strip()
@@ -376,8 +385,9 @@ _WRONG_TYPE = re.compile(r" is (\w+) .*, expected (\w+)$", re.DOTALL)
 
 def is_agent_instance(instance: Instance) -> bool:
     """An instance whose answer is function calls: it gives function docs in fields["functions"]
-    and its target is a JSON list of expected calls (the `bfcl_ast` scorer's contract)."""
-    if not isinstance(instance.fields.get("functions"), list):
+    and its target is a JSON list of expected calls (the `bfcl_ast` scorer's contract). A
+    multi-turn instance is not one (`is_multi_turn_instance`): its answer is a record of turns."""
+    if not isinstance(instance.fields.get("functions"), list) or is_multi_turn_instance(instance):
         return False
     target = instance.target.strip()
     if not target.startswith("["):
@@ -488,11 +498,140 @@ def _agent_evidence(result: InstanceResult, instance: Instance) -> tuple[str, st
     return excerpt[:EXCERPT_CHARS], signature, detail
 
 
+# ---------------------------------------------------------------- multi-turn agent failures
+
+def is_multi_turn_instance(instance: Instance) -> bool:
+    """An instance answered by a conversation of calls (the `bfcl_multi_turn` scorer's contract):
+    its fields give the user turns and the environment classes the calls run in."""
+    return isinstance(instance.fields.get("turns"), list) and isinstance(instance.fields.get("involved_classes"), list)
+
+
+def _answer_turns(answer: str | None) -> list[dict[str, Any]]:
+    """The harness's own record of each turn (how it stopped, its last reply), [] when unreadable."""
+    try:
+        data = json.loads(answer or "")
+    except ValueError:
+        return []
+    turns = data.get("turns") if isinstance(data, dict) else None
+    return [t if isinstance(t, dict) else {"calls": t} for t in turns] if isinstance(turns, list) else []
+
+
+def _same_call(call: Any, written: str) -> bool:
+    """Is a model's call the ground truth's call `written` (same name, same literal arguments)?"""
+    from ecdysis.suites.calls import parse_calls
+    want = (parse_calls(written) or [None])[0]
+    if not isinstance(call, dict) or not isinstance(want, dict):
+        return False
+    norm = json.loads(json.dumps(want))
+    return (call.get("name") == norm["name"] and (call.get("arguments") or {}) == norm.get("arguments", {})
+            and list(call.get("positional") or []) == norm.get("positional", []))
+
+
+def _call_names(written: Sequence[str]) -> list[str]:
+    return [s.split("(", 1)[0].strip() for s in written]
+
+
+def multi_turn_verdict(result: InstanceResult, instance: Instance, check: Any = None) -> AgentVerdict:
+    """The failure type of an incorrect result on a multi-turn instance, read from the scorer's
+    replay (`bfcl_multi_turn.score_multi_turn`) of the first turn that fails, in this order: the
+    answer is no record of turns (unparsable_call); the replay did not finish (env_error); the turn
+    ran into the harness's step limit (step_limit); a call named no function (wrong_function), took
+    arguments its function does not (wrong_argument) or was refused by the environment (env_error);
+    the turn holds no call (unparsable_call when the reply that ended it holds calls the harness
+    could not read, else stopped_early); a call of the ground truth was never made (stopped_early),
+    was made with other values (wrong_argument), or every one was made and an extra call changed
+    the state (call_count). `check`: the scorer's verdict when the caller has it already."""
+    if check is None:
+        from ecdysis.suites.bfcl_multi_turn import score_multi_turn
+        check = score_multi_turn(result.answer or "", instance)
+    if check.correct:  # scored wrong before, right now: the environments or the scorer changed
+        return AgentVerdict("wrong_answer", "right on a second replay", "", "", [], 0)
+    index = check.turn if check.turn is not None else 0
+    replay = check.turns[index] if index < len(check.turns) else None
+    calls = list(replay.calls) if replay else []
+    written = list(replay.expected) if replay else []
+    own = _answer_turns(result.answer)
+    record = own[index] if index < len(own) else {}
+    stopped = str(record.get("stopped", ""))
+    statuses = list(replay.statuses) if replay else []
+
+    def verdict(kind: FailureType, mechanism: str) -> AgentVerdict:
+        return AgentVerdict(kind, mechanism, check.reason, check.detail, calls, len(written))
+
+    if check.reason == "unreadable_answer":
+        return verdict("unparsable_call", "the answer is no record of turns")
+    if check.reason == "replay_failed":
+        return verdict("env_error", "the replay ran out of time or memory")
+    erred = any(s != "ok" for s in statuses)
+    if stopped == "step_limit":
+        return verdict("step_limit", "calls failing until the step limit" if erred else "calls until the step limit")
+    for status, kind, mechanism in (("unknown", "wrong_function", "an invented function"),
+                                    ("malformed", "wrong_function", "a call without a function"),
+                                    ("bad_arguments", "wrong_argument", "arguments the function does not take"),
+                                    ("raised", "env_error", "a call raised an error"),
+                                    ("error", "env_error", "a call returned an error")):
+        if status in statuses:
+            return verdict(kind, mechanism)
+    if not calls and stopped == "text":  # the reply that ended the turn did not read as calls
+        reply = str(record.get("reply", ""))
+        if calls_in_text(reply):
+            return verdict("unparsable_call", "calls inside other text")
+        if _CALL_START.search(reply):
+            return verdict("unparsable_call", "broken call syntax")
+        return verdict("stopped_early", "prose instead of calls")
+    if not calls:
+        return verdict("stopped_early", "no call in the turn")
+    names = [str(c.get("name")) if isinstance(c, dict) else "" for c in calls]
+    if any(n not in names for n in _call_names(written)):
+        return verdict("stopped_early", "missing call")
+    if not all(any(_same_call(c, w) for c in calls) for w in written):
+        return verdict("wrong_argument", "a value differs")
+    return verdict("call_count", "extra call")
+
+
+def _multi_turn_evidence(result: InstanceResult, instance: Instance) -> tuple[str, str, dict[str, Any]]:
+    from ecdysis.suites.bfcl_multi_turn import score_multi_turn
+    check = score_multi_turn(result.answer or "", instance)
+    verdict = multi_turn_verdict(result, instance, check)
+    index = check.turn if check.turn is not None else 0
+    replay = check.turns[index] if index < len(check.turns) else None
+    own = _answer_turns(result.answer)
+    record = own[index] if index < len(own) else {}
+    errors = [r for r, s in zip(replay.results, replay.statuses) if s != "ok"] if replay else []
+    last = result.calls[-1] if result.calls else None
+    detail: dict[str, Any] = {
+        "reason": verdict.reason, "check": verdict.check[:300], "mechanism": verdict.mechanism,
+        "turn": index, "turns": len(instance.fields.get("turns") or []), "turns_answered": len(own),
+        "stopped": record.get("stopped"), "steps": record.get("steps"),
+        "calls_made": len(verdict.calls or []), "calls_expected": verdict.expected,
+        "called": [str(c.get("name")) if isinstance(c, dict) else "?" for c in verdict.calls or []][:8],
+        "errors": [e[:200] for e in errors[:3]],
+        "finish_reason": last.finish_reason if last else None,
+        "completion_tokens": last.completion_tokens if last else 0,
+        "max_tokens": int((last.request or {}).get("max_tokens", 0)) if last else 0,
+        "calls": len(result.calls), "shape_in_reply": calls_in_text(str(record.get("reply", ""))),
+        "prompt_omits": prompt_omissions(result, instance),
+    }
+    # As for one-turn calls, the signature says how the turn went wrong in words shared across
+    # tools; an environment's error reads with the task's words and the functions' names masked.
+    words = [verdict.mechanism]
+    if verdict.type == "env_error" and errors:
+        names = " ".join(str(f.get("name")) for f in instance.fields.get("functions") or [] if isinstance(f, dict))
+        words.append(normalise(errors[0].removeprefix("Error during execution: "), f"{instance.input} {names}"))
+    signature = " ".join(w for w in words if w).strip() or verdict.type
+    where = f"turn {index + 1} of {detail['turns']}"
+    excerpt = f"{where}: {verdict.check or verdict.mechanism}; {len(verdict.calls or [])} call(s), stopped: " \
+              f"{detail['stopped'] or '?'}"
+    return excerpt[:EXCERPT_CHARS], signature, detail
+
+
 def to_failure(result: InstanceResult, instance: Instance, *, suite: str, harness_version: str) -> Failure:
     kind = classify(result, instance)
     shape = expected_shape(instance)
     if kind in ("exception", "timeout", "crash", "model_error"):
         excerpt, signature, detail = _error_evidence(result, kind)
+    elif is_multi_turn_instance(instance):
+        excerpt, signature, detail = _multi_turn_evidence(result, instance)
     elif kind in AGENT_TYPES:
         excerpt, signature, detail = _agent_evidence(result, instance)
     else:

@@ -184,9 +184,10 @@ def ensure_starter_agent(store: Store) -> HarnessVersion:
 
 
 def calls_functions(suite: Any) -> bool:
-    """Whether a suite's answers are function calls (scored `bfcl_ast`): its default starter is then
-    the agent harness, since the plain starter never shows the model the functions."""
-    return getattr(getattr(suite, "scorer", None), "kind", None) == "bfcl_ast"
+    """Whether a suite's answers are function calls (scored `bfcl_ast`, or `bfcl_multi_turn` for a
+    conversation of them): its default starter is then the agent harness, since the plain starter
+    never shows the model the functions."""
+    return getattr(getattr(suite, "scorer", None), "kind", None) in ("bfcl_ast", "bfcl_multi_turn")
 
 
 def resolve(store: Store, ref: str | None, *, suite: Any = None) -> HarnessVersion:

@@ -4,8 +4,9 @@ folder. Model calls come back to the engine over the pipe, so the harness holds 
 
 Where bubblewrap works (`bwrap`, Debian package `bubblewrap`), each worker also runs in its own
 mount, PID, network, IPC and UTS namespaces: only the system and Python folders are visible
-(read-only), the data folder is not mounted at all, /tmp and HOME are a private tmpfs, the harness
-folder is the only writable host folder, there is no network (not even the host's loopback), and an
+(read-only), and the source of BFCL's multi-turn environments when fetched (read-only: harnesses
+run calls in them); the data folder is not mounted at all, /tmp and HOME are a private tmpfs, the
+harness folder is the only writable host folder, there is no network (not even the host's loopback), and an
 engine running as root runs harness code as an unprivileged uid of its own, so the process limit
 holds. `isolation()` says which boundary this machine gets; without bwrap it is a plain child process
 (rlimits and a scrubbed environment only), recorded as a note on every run.
@@ -187,6 +188,15 @@ def _python_dirs() -> list[Path]:
     return dirs
 
 
+def _shared_dirs() -> list[Path]:
+    """Public folders harness code may read besides the Python ones: the source of BFCL's
+    multi-turn environments, when fetched (a multi-turn harness runs the agent's calls in them;
+    the possible answers beside them are not mounted)."""
+    from ecdysis.suites.bfcl_multi_turn import env_source_dir
+    folder = env_source_dir().resolve()
+    return [folder] if folder.is_dir() else []
+
+
 def _hidden_dirs() -> list[Path]:
     """What must stay invisible even if it lies inside a mounted folder: the data folder and the
     folder of the SQLite database."""
@@ -230,7 +240,16 @@ def _bwrap_argv(work: Path, limits: SandboxLimits, uid: int | None, runtime_args
                 argv += ["--perms", "0755", "--dir", str(parent)]
             argv += ["--ro-bind", str(folder), str(folder)]
             mounted.append(folder)
-    for hidden in _hidden_dirs():
+    hidden_dirs = _hidden_dirs()
+    for folder in _shared_dirs():
+        # Never a folder inside the data folder (or holding it): that stays invisible whatever it holds.
+        if any(folder.is_relative_to(m) for m in mounted) or any(
+                folder.is_relative_to(h) or h.is_relative_to(folder) for h in hidden_dirs):
+            continue
+        for parent in reversed(folder.parents[:-1]):
+            argv += ["--perms", "0755", "--dir", str(parent)]
+        argv += ["--ro-bind", str(folder), str(folder)]
+    for hidden in hidden_dirs:
         if hidden.is_dir() and any(hidden.is_relative_to(m) for m in mounted):
             argv += ["--tmpfs", str(hidden)]  # mounted over: the data folder shows as empty
     argv += ["--perms", "0755", "--dir", str(Path(BOX_RUNTIME).parent),

@@ -342,7 +342,8 @@ def ecdysis(*args: str, env_extra: dict[str, str]) -> subprocess.CompletedProces
 
 
 def test_ecdysis_suites_json_lists_the_five_bfcl_suites(bfcl: Path, tmp_path: Path) -> None:
-    """The five categories, and their mixture (200 of each, the first in file order)."""
+    """The five categories, their mixture (200 of each, the first in file order), and the
+    multi-turn suite."""
     env = {"ECDYSIS_HOME": str(tmp_path / "home"), "ECDYSIS_BFCL_DIR": str(bfcl),
            "ECDYSIS_BIGBENCH_DIR": str(tmp_path / "no-bigbench")}
     proc = ecdysis("suites", "--json", env_extra=env)
@@ -350,6 +351,8 @@ def test_ecdysis_suites_json_lists_the_five_bfcl_suites(bfcl: Path, tmp_path: Pa
     rows = {r["name"]: r for r in json.loads(proc.stdout) if r["name"].startswith("bfcl-")}
     mixture = rows.pop("bfcl-single_turn")
     assert mixture["categories"] == {SUITES[n]: 200 for n in SIZES} and mixture["scorer"] == "bfcl_ast"
+    multi_turn = rows.pop("bfcl-multi_turn_base")  # tests/test_bfcl_multi_turn.py checks it
+    assert multi_turn["scorer"] == "bfcl_multi_turn" and multi_turn["size"] == 200
     assert {n: r["size"] for n, r in rows.items()} == SIZES
     for name, row in rows.items():
         assert row["scorer"] == "bfcl_ast" and row["source"].startswith("bfcl:")
@@ -358,7 +361,7 @@ def test_ecdysis_suites_json_lists_the_five_bfcl_suites(bfcl: Path, tmp_path: Pa
         assert sum(row["splits"].values()) == SIZES[name]
     assert "fetch_bfcl" not in proc.stderr
     filtered = json.loads(ecdysis("suites", "--json", "--source", "bfcl", env_extra=env).stdout)
-    assert sorted(r["name"] for r in filtered) == sorted([*SIZES, "bfcl-single_turn"])
+    assert sorted(r["name"] for r in filtered) == sorted([*SIZES, "bfcl-single_turn", "bfcl-multi_turn_base"])
 
 
 def test_without_the_data_the_suites_say_how_to_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

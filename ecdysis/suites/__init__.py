@@ -2,7 +2,8 @@
 instance has a train / validation / test split, ready for the runner; `describe_suites` lists them.
 
 A name resolves, in this order, to: a built-in suite (`builtin_suite_names()`); a BFCL suite
-(`bfcl-simple`, `bfcl-multiple`, ...; `bfcl.SUITES`) from `bfcl_dir()`; `bigbench:TASK`,
+(`bfcl-simple`, `bfcl-multiple`, ...; `bfcl.SUITES`, and the multi-turn `bfcl-multi_turn_base`;
+`bfcl_multi_turn.MULTI_TURN_SUITES`) from `bfcl_dir()`; `bigbench:TASK`,
 `bigbench:TASK/SUBTASK` or a mixture `bigbench:TASK+TASK` from `bigbench_dir()`; a path to a
 `.jsonl` or BIG-bench `task.json` file;
 a suite stored with `import_jsonl` (looked up with `store.get_suite`). The loaded suite's `name` is
@@ -28,6 +29,7 @@ from ecdysis.suites.bfcl import MIXTURES as BFCL_MIXTURES
 from ecdysis.suites.bfcl import SUITES as BFCL_SUITES
 from ecdysis.suites.bfcl import is_fetched as bfcl_fetched
 from ecdysis.suites.bfcl import bfcl_dir, load_bfcl, question_file
+from ecdysis.suites.bfcl_multi_turn import MULTI_TURN_SUITES, is_multi_turn_fetched, load_multi_turn
 from ecdysis.suites.bigbench import PREFIX as BIGBENCH_PREFIX
 from ecdysis.suites.bigbench import bigbench_dir, bigbench_tasks, load_bigbench, load_task_file
 from ecdysis.suites.builtin import builtin_suite, builtin_suite_names
@@ -78,6 +80,8 @@ def _file_stamp(name: str) -> tuple[str, int, int] | None:
     suite's stamp is its question file's: the CLI and the app list all five at every call."""
     if name in BFCL_SUITES:
         name = str(question_file(BFCL_SUITES[name]))
+    elif name in MULTI_TURN_SUITES:
+        name = str(question_file(MULTI_TURN_SUITES[name]))
     elif name in builtin_suite_names() or name.startswith(BIGBENCH_PREFIX) or not name.endswith(_FILE_SUFFIXES):
         return None
     try:
@@ -96,7 +100,7 @@ def describe_suites(store: Store | None = None, *, bigbench: bool = True,
     if bfcl:
         suites += [load_suite(n) for n in bfcl_suites()]
     if store is not None:
-        taken = set(builtin_suite_names()) | set(BFCL_SUITES) | set(BFCL_MIXTURES)
+        taken = set(builtin_suite_names()) | set(BFCL_SUITES) | set(BFCL_MIXTURES) | set(MULTI_TURN_SUITES)
         suites += [_prepared(s) for s in store.list_suites() if s.name not in taken]
     rows = [_describe(s) for s in suites]
     if bigbench:  # what the catalogue holds: building it takes minutes, so set-up does that
@@ -105,8 +109,10 @@ def describe_suites(store: Store | None = None, *, bigbench: bool = True,
 
 
 def bfcl_suites(root: Path | None = None) -> list[str]:
-    """The BFCL suite names, when their files are fetched (else none: `bfcl.FETCH_HINT` says how)."""
-    return [*BFCL_SUITES, *BFCL_MIXTURES] if bfcl_fetched(root) else []
+    """The BFCL suite names, single-turn then multi-turn, when their files are fetched (else none:
+    `bfcl.FETCH_HINT` says how)."""
+    return (([*BFCL_SUITES, *BFCL_MIXTURES] if bfcl_fetched(root) else [])
+            + (list(MULTI_TURN_SUITES) if is_multi_turn_fetched(root) else []))
 
 
 CATALOGUE_FILE = "ecdysis-catalogue.json"
@@ -205,6 +211,8 @@ def _resolve(name: str, store: Store | None) -> Suite:
         return builtin_suite(name)
     if name in BFCL_SUITES or name in BFCL_MIXTURES:
         return load_bfcl(name)
+    if name in MULTI_TURN_SUITES:
+        return load_multi_turn(name)
     if name.startswith(BIGBENCH_PREFIX):
         return load_bigbench(name[len(BIGBENCH_PREFIX):], name=name)
     path = Path(name).expanduser()
@@ -220,7 +228,8 @@ def _resolve(name: str, store: Store | None) -> Suite:
 
 def _known_hint(store: Store | None) -> str:
     parts = [f"built-in: {', '.join(builtin_suite_names())}",
-             f"BFCL: {', '.join([*BFCL_SUITES, *BFCL_MIXTURES])}" + ("" if bfcl_fetched() else " once `scripts/fetch_bfcl.py` has run")]
+             f"BFCL: {', '.join([*BFCL_SUITES, *BFCL_MIXTURES, *MULTI_TURN_SUITES])}"
+             + ("" if bfcl_fetched() else " once `scripts/fetch_bfcl.py` has run")]
     if store is not None:
         stored = sorted(s.name for s in store.list_suites())
         parts.append(f"stored: {', '.join(stored) if stored else 'none'}")

@@ -17,6 +17,9 @@ Kinds (`SCORERS`; adding one is a function plus a line in that dict):
 - `bfcl_ast` — the answer holds function calls (JSON or Python syntax, see `calls.parse_calls`),
   checked by BFCL's AST rules against the possible answer in the target, with the function docs
   in `instance.fields["functions"]` (see `bfcl.check_calls`); a target of [] means "call nothing".
+- `bfcl_multi_turn` — the answer records a multi-turn conversation's calls per turn; they are
+  replayed in BFCL's environments beside the ground truth in the target, and each turn's state and
+  results must match (see `bfcl_multi_turn.score_multi_turn`).
 - `by_category` — a mixed suite: option `categories` maps category -> {"kind", "options"}, and
   option `default` (same shape) covers any other category. `resolve` gives the spec actually used.
 
@@ -37,6 +40,7 @@ from typing import Any
 from ecdysis.errors import ConfigError
 from ecdysis.records import Instance, ScorerSpec
 from ecdysis.suites.bfcl import score_bfcl
+from ecdysis.suites.bfcl_multi_turn import score_multi_turn
 
 Scorer = Callable[[str, Instance, Mapping[str, Any]], bool]
 
@@ -200,6 +204,10 @@ def bfcl_ast(answer: str, instance: Instance, options: Mapping[str, Any]) -> boo
     return score_bfcl(answer, instance).correct
 
 
+def bfcl_multi_turn(answer: str, instance: Instance, options: Mapping[str, Any]) -> bool:
+    return score_multi_turn(answer, instance).correct
+
+
 def by_category(answer: str, instance: Instance, options: Mapping[str, Any]) -> bool:
     return score(answer, instance, _category_spec(instance, options))
 
@@ -210,6 +218,7 @@ SCORERS: dict[str, Scorer] = {
     "multiple_choice": multiple_choice,
     "regex": regex,
     "bfcl_ast": bfcl_ast,
+    "bfcl_multi_turn": bfcl_multi_turn,
     "by_category": by_category,
 }
 
