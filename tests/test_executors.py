@@ -26,7 +26,8 @@ from ecdysis.executors import create_executor, executor_names
 from ecdysis.models.registry import create_backend, get_backend, register_backend
 from ecdysis.models.scripted import Rule, ScriptedBackend
 from ecdysis.records import Completion, CompletionRequest, InstanceResult, RunRecord
-from ecdysis.runner import CallBudget, GroupWriter
+from ecdysis.executors.instance import GroupWriter
+from ecdysis.runner import CallBudget
 from ecdysis.service import RunRequest, Service
 from ecdysis.settings import Settings
 

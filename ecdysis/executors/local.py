@@ -6,10 +6,10 @@ from __future__ import annotations
 import queue
 import threading
 
-from ecdysis.executors import Batch, OnResult, ShouldStop
+from ecdysis.executors.base import Batch, OnResult, ShouldStop
 from ecdysis.models.gateway import ModelGateway
 from ecdysis.records import Instance, InstanceResult
-from ecdysis.runner import InstanceRunner, ResultWriter
+from ecdysis.executors.instance import InstanceRunner, ResultWriter
 from ecdysis.sandbox import WorkerPool
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ecdysis.errors import ConfigError, EcdysisError, ExecutorError
-from ecdysis.executors import Batch, OnResult, ShouldStop
+from ecdysis.executors.base import Batch, OnResult, ShouldStop
 from ecdysis.records import Instance, InstanceResult, ScorerSpec
 from ecdysis.sandbox import SandboxLimits
 from ecdysis.settings import Settings
@@ -59,7 +59,7 @@ class Lane:
     def _build(self, config: LaneConfig) -> None:
         from ecdysis.models.gateway import ModelGateway
         from ecdysis.models.registry import create_backend
-        from ecdysis.runner import GroupWriter, InstanceRunner
+        from ecdysis.executors.instance import GroupWriter, InstanceRunner
         from ecdysis.sandbox import WorkerPool
         from storage import open_store  # the lane is a composition root of its own
 
