@@ -141,3 +141,26 @@ def planted_batch(store: Any = None, **kwargs: Any) -> tuple[list[Any], Any]:
         pairs += [(suite.name, r) for r in results]
         failures += extract_failures(results, by_id, suite=suite.name, harness_version=version.id)
     return failures, BatchContext.build(pairs, failures)
+
+
+def solve_in_sandbox(files: dict[str, str], task: dict, replies: list[str],
+                     limits: Any = None) -> tuple[str | None, list[dict]]:
+    """Run a harness on one task in the real sandbox; the model answers from `replies` in order
+    (the last one again once they run out). Returns the answer and the requests the harness made."""
+    from ecdysis.sandbox import SandboxLimits, WorkerPool
+    requests: list[dict] = []
+    queue = list(replies)
+
+    def on_generate(request: dict) -> dict:
+        requests.append(request)
+        text = queue.pop(0) if len(queue) > 1 else queue[0]
+        return {"op": "completion", "text": text, "finish_reason": "stop", "prompt_tokens": 1,
+                "completion_tokens": 1}
+
+    pool = WorkerPool(files, limits or SandboxLimits(timeout_s=10.0, memory_mb=512))
+    try:
+        outcome = pool.solve(task, on_generate)
+    finally:
+        pool.close()
+    assert outcome.error_type is None, outcome.error_message
+    return outcome.answer, requests

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnosis_fixtures import solve_in_sandbox
 from ecdysis.aggregate import BatchContext, aggregate
 from ecdysis.failures import AGENT_TYPES, FAILURE_TITLES, extract_failures, to_failure
 from ecdysis.harness import STARTER_AGENT_DIR, read_dir, validate_files
@@ -19,7 +20,7 @@ from ecdysis.roles import HeuristicRoleBackend
 from ecdysis.roles.agent_operators import AGENT_OPERATORS
 from ecdysis.roles.base import ROLES, CaseFile, schema_errors
 from ecdysis.roles.operators import OPERATORS, Ranking, RepairInput, materialize
-from ecdysis.sandbox import SandboxLimits, WorkerPool
+from ecdysis.sandbox import SandboxLimits
 
 FAST = SandboxLimits(timeout_s=10.0, memory_mb=512)
 
@@ -138,23 +139,7 @@ def test_the_same_slip_on_different_tools_is_one_cluster_and_the_heuristic_roles
 
 
 def solve(files: dict[str, str], task: dict, replies: list[str]) -> tuple[str | None, list[dict]]:
-    """Run the harness on one task in the sandbox; the model answers from `replies` in order."""
-    requests: list[dict] = []
-    queue = list(replies)
-
-    def on_generate(request: dict) -> dict:
-        requests.append(request)
-        text = queue.pop(0) if len(queue) > 1 else queue[0]
-        return {"op": "completion", "text": text, "finish_reason": "stop", "prompt_tokens": 1,
-                "completion_tokens": 1}
-
-    pool = WorkerPool(files, FAST)
-    try:
-        outcome = pool.solve(task, on_generate)
-    finally:
-        pool.close()
-    assert outcome.error_type is None, outcome.error_message
-    return outcome.answer, requests
+    return solve_in_sandbox(files, task, replies, FAST)
 
 
 def agent_files(*names: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from diagnosis_fixtures import MemoryStore, planted_batch
+from diagnosis_fixtures import MemoryStore, planted_batch, solve_in_sandbox
 from ecdysis.aggregate import aggregate
 from ecdysis.diffs import apply_diffs, diff_files, render_html
 from ecdysis.errors import ModelError
@@ -21,7 +21,7 @@ from ecdysis.roles.agent_operators import AGENT_OPERATORS
 from ecdysis.roles.base import ROLES, CaseFile, Exemplar, schema_errors
 from ecdysis.roles.llm import LLMRoleBackend, extract_json
 from ecdysis.roles.operators import OPERATORS, RepairInput, materialize, set_param
-from ecdysis.sandbox import SandboxLimits, WorkerPool
+from ecdysis.sandbox import SandboxLimits
 
 FAST = SandboxLimits(timeout_s=10.0, memory_mb=512)
 EXEMPLARS = [Exemplar("s/a", "a", "arithmetic", "Tom has 2 pens and buys 3 more. How many pens?", None, "5"),
@@ -48,23 +48,7 @@ def case() -> CaseFile:
 
 
 def solve(files: dict[str, str], task: dict, replies: list[str]) -> tuple[str | None, list[dict]]:
-    """Run the harness on one task in the sandbox; the model answers from `replies` in order."""
-    requests: list[dict] = []
-    queue = list(replies)
-
-    def on_generate(request: dict) -> dict:
-        requests.append(request)
-        text = queue.pop(0) if len(queue) > 1 else queue[0]
-        return {"op": "completion", "text": text, "finish_reason": "stop", "prompt_tokens": 1,
-                "completion_tokens": 1}
-
-    pool = WorkerPool(files, FAST)
-    try:
-        outcome = pool.solve(task, on_generate)
-    finally:
-        pool.close()
-    assert outcome.error_type is None, outcome.error_message
-    return outcome.answer, requests
+    return solve_in_sandbox(files, task, replies, FAST)
 
 
 def patched(*names: str, case: CaseFile) -> dict[str, str]:

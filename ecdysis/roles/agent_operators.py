@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ecdysis.roles.base import ModificationSpec
-from ecdysis.roles.repairs import RepairInput, RepairResult, cluster_scope, defines, marker, set_param
+from ecdysis.roles.repairs import CodeRepair, RepairInput, RepairResult, cluster_scope, marker, set_param
 
 
 def _append(code: str, name: str, block: str) -> str:
@@ -33,22 +33,11 @@ def _for_calls(inp: RepairInput) -> str | None:
 
 
 @dataclass(frozen=True)
-class _AgentCode:
+class _AgentCode(CodeRepair):
     """An agent repair that appends a block to harness.py rebinding `solve` around the previous one."""
 
-    name: str = ""
-    title: str = ""
-    needs: tuple[str, ...] = ("solve",)
-
-    def present(self, files: Mapping[str, str]) -> bool:
-        return marker(self.name) in files.get("harness.py", "")
-
     def unavailable(self, inp: RepairInput) -> str | None:
-        code = inp.files.get("harness.py", "")
-        for function in self.needs:
-            if not defines(code, function):
-                return f"harness.py defines no top-level {function}() to build on"
-        return _for_calls(inp)
+        return super().unavailable(inp) or _for_calls(inp)
 
 
 @dataclass(frozen=True)

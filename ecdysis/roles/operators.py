@@ -18,8 +18,8 @@ from typing import Any, Mapping, Sequence
 from ecdysis.aggregate import Cluster
 from ecdysis.roles.agent_operators import AGENT_OPERATORS, AGENT_RANKING
 from ecdysis.roles.base import CaseFile, Draft, Exemplar, ModificationSpec
-from ecdysis.roles.repairs import (RepairInput, RepairOperator, RepairResult, cluster_scope,
-                                   defines, marker, params_of, set_param)
+from ecdysis.roles.repairs import (CodeRepair, RepairInput, RepairOperator, RepairResult, cluster_scope,
+                                   marker, params_of, set_param)
 
 HELPERS_MARK = "# --- ecdysis helpers: answer shapes ---"
 FEWSHOT_FILE = "fewshot.jsonl"
@@ -47,30 +47,13 @@ def answered_in_text(inp: RepairInput) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class _CodeOperator:
-    """Base for operators that append a block to harness.py around one rebound function."""
-
-    name: str = ""
-    title: str = ""
-    wraps: str = "extract_answer"
-
-    def present(self, files: Mapping[str, str]) -> bool:
-        return marker(self.name) in files.get("harness.py", "")
-
-    def unavailable(self, inp: RepairInput) -> str | None:
-        code = inp.files.get("harness.py", "")
-        if not defines(code, self.wraps):
-            return f"harness.py defines no top-level {self.wraps}() to build on"
-        return None
-
-
 # ---------------------------------------------------------------- the operators
 
 @dataclass(frozen=True)
-class AnswerExtraction(_CodeOperator):
+class AnswerExtraction(CodeRepair):
     name: str = "answer_extraction"
     title: str = "Shape-aware answer extraction"
+    needs: tuple[str, ...] = ("extract_answer",)
 
     def apply(self, inp: RepairInput) -> RepairResult:
         block = '''# Look for an answer of the task's form anywhere in the reply (an "answer is" phrase, the
@@ -99,9 +82,10 @@ def extract_answer(text, task):
 
 
 @dataclass(frozen=True)
-class ChoiceMatching(_CodeOperator):
+class ChoiceMatching(CodeRepair):
     name: str = "choice_matching"
     title: str = "Map free-text answers onto the options"
+    needs: tuple[str, ...] = ("extract_answer",)
 
     def unavailable(self, inp: RepairInput) -> str | None:
         base = super().unavailable(inp)
@@ -147,10 +131,10 @@ def extract_answer(text, task):
 
 
 @dataclass(frozen=True)
-class RetryOnUnparsable(_CodeOperator):
+class RetryOnUnparsable(CodeRepair):
     name: str = "retry_unparsable"
     title: str = "Re-ask when the reply has no bare answer"
-    wraps: str = "solve"
+    needs: tuple[str, ...] = ("solve",)
 
     def apply(self, inp: RepairInput) -> RepairResult:
         block = '''# When a reply's first line is not a bare answer of the task's form, ask once more (the reply
@@ -198,10 +182,10 @@ def solve(task, model, harness):
 
 
 @dataclass(frozen=True)
-class FewShotExemplars(_CodeOperator):
+class FewShotExemplars(CodeRepair):
     name: str = "few_shot"
     title: str = "Few-shot exemplars from passing train instances"
-    wraps: str = "build_messages"
+    needs: tuple[str, ...] = ("build_messages",)
     per_category: int = 2
     max_total: int = 10
 
@@ -298,21 +282,19 @@ CALIBRATE_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
-class OptionScoring(_CodeOperator):
+class OptionScoring(CodeRepair):
     """On a task with a closed answer space (options, or yes/no and true/false), the model scores
     each answer as its reply instead of writing one. Measured on nine real BIG-bench tasks before it
     joined the catalogue (`bench/results/option_scoring.md`)."""
 
     name: str = "option_scoring"
     title: str = "Score the options instead of generating"
-    wraps: str = "solve"
+    needs: tuple[str, ...] = ("solve", "build_messages")  # the options are scored against its prompt
 
     def unavailable(self, inp: RepairInput) -> str | None:
         base = super().unavailable(inp)
         if base:
             return base
-        if not defines(inp.files.get("harness.py", ""), "build_messages"):
-            return "harness.py defines no build_messages() whose prompt the options could be scored against"
         if not any(f.shape in ("choice", "boolean") for f in inp.cluster.failures):
             return "none of the cluster's tasks has a closed set of answers to score"
         return None

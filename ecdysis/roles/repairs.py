@@ -95,3 +95,25 @@ def cluster_scope(cluster: Cluster) -> str:
     models = ", ".join(cluster.models)
     return (f"The cluster spans {len(cluster.instances)} instances in {len(cluster.categories)} categories "
             f"({cats}) and {len(cluster.models)} model(s) ({models})")
+
+
+@dataclass(frozen=True)
+class CodeRepair:
+    """Base for repairs that append a marked block to harness.py rebinding the functions it
+    builds on (`needs`, the first of them the one it wraps): present when its marker is there,
+    unavailable when harness.py does not define one of them at the top level."""
+
+    name: str = ""
+    title: str = ""
+    needs: tuple[str, ...] = ("solve",)
+
+    def present(self, files: Mapping[str, str]) -> bool:
+        return marker(self.name) in files.get("harness.py", "")
+
+    def unavailable(self, inp: RepairInput) -> str | None:
+        code = inp.files.get("harness.py", "")
+        for function in self.needs:
+            if not defines(code, function):
+                return f"harness.py defines no top-level {function}() to build on"
+        return None
+
