@@ -23,7 +23,7 @@ import numpy as np
 if TYPE_CHECKING:
     from scipy import sparse
 
-from ecdysis.failures import AGENT_TYPES, FAILURE_TITLES, Failure
+from ecdysis.failures import AGENT_TYPES, FAILURE_TITLES, MULTI_TURN_TYPES, Failure
 from ecdysis.records import InstanceResult
 
 Verdict = Literal["harness-level", "model-specific", "noise"]
@@ -607,7 +607,7 @@ def evidence_key(f: Failure) -> str:
         return f"cut at max_tokens={f.detail.get('max_tokens') or '?'}" + _mechanism_text(f)
     if f.type == "empty_output":
         return "empty answer" + _mechanism_text(f)
-    if f.type in AGENT_TYPES:
+    if f.type in AGENT_TYPES or f.type in MULTI_TURN_TYPES:
         # How the calls went wrong (`failures.agent_verdict`): prose, broken syntax, no call, wrong type...
         return str(f.detail.get("mechanism") or f.type)
     if f.type in MECHANISM_TYPES:
@@ -690,7 +690,7 @@ class TypeLevelMerge:
     of unrelated slips stays noise."""
 
     min_parts: int = 2
-    types: frozenset[str] = MECHANISM_TYPES | frozenset(AGENT_TYPES)
+    types: frozenset[str] = MECHANISM_TYPES | frozenset(AGENT_TYPES) | frozenset(MULTI_TURN_TYPES)
 
     def applies(self, type_: str, parts: Sequence["Cluster"]) -> bool:
         return type_ in self.types and sum(c.verdict == "noise" for c in parts) >= self.min_parts

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ecdysis.aggregate import Cluster, PriorityOrder
 from ecdysis.errors import EcdysisError
-from ecdysis.failures import AGENT_TYPES
+from ecdysis.failures import AGENT_TYPES, MULTI_TURN_TYPES
 from ecdysis.records import Instance
 from ecdysis.refine import SmokeRunner, expected_calls, train_failures
 from ecdysis.roles.base import Exemplar
@@ -29,7 +29,7 @@ PROBE_SIZE = 3        # failures of the cluster each repair is run on
 PROBE_OPERATORS = 2   # catalogue repairs tried per cluster, best ranked first
 MIN_INSTANCES = 3     # a smaller cluster is noise whatever a probe says
 PROBED_TYPES = frozenset({"off_format", "invalid_choice", "truncated", "empty_output", "wrong_answer",
-                          *AGENT_TYPES})
+                          *AGENT_TYPES, *MULTI_TURN_TYPES})
 
 
 def wants_probe(cluster: Cluster) -> bool:

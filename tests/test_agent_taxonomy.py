@@ -263,3 +263,26 @@ def test_unreadable_replies_worded_every_which_way_are_judged_as_one_union() -> 
     clusters = aggregate(failures, BatchContext.build([("s", r) for r in results], failures))
     assert [(c.size, c.verdict) for c in clusters] == [(12, "harness-level")]
     assert clusters[0].label.startswith("unparsable call: prose without an answer")
+
+
+def test_turns_cut_off_at_the_step_limit_get_more_steps_from_the_heuristic_roles() -> None:
+    """A multi-turn cluster (two models, six instances, three categories, every turn cut off while
+    calling): the roles read it as the step limit and propose doubling max_steps."""
+    from ecdysis.failures import Failure
+    failures = [Failure(run_id=f"run-{m}", suite="s", instance_id=f"t{n}", category=f"cat{n % 3}", split="train",
+                        model=m, harness_version="h", type="step_limit", excerpt="turn 1 cut off",
+                        signature="calls until the step limit", answer="{}", target="[]", shape="calls",
+                        detail={"mechanism": "calls until the step limit", "check": "turn 1 ran 8 steps"})
+                for n in range(6) for m in ("weak", "weaker")]
+    batch = BatchContext.from_failures(failures)
+    cluster = aggregate(failures, batch)[0]
+    assert (cluster.size, cluster.verdict) == (12, "harness-level")
+    assert Ranking.for_cluster(cluster).names[0] == "step_budget"
+    case = CaseFile(cluster=cluster, files=read_dir(STARTER_AGENT_DIR), harness_version="h", batch=batch, exemplars=[])
+    backend = HeuristicRoleBackend()
+    case.investigation = backend.run("investigator", case, 1).output
+    assert "max_steps=8" in case.investigation["root_cause"]
+    proposal = backend.run("proposer", case, 1).output
+    assert proposal["operator"] == "step_budget"
+    assert "max_steps = 16  # room for the calls a turn needs (step_budget)" in proposal["files"]["harness.toml"]
+    assert OPERATORS["step_budget"].present(materialize(proposal, case).files)

@@ -9,7 +9,8 @@ instance, a function's name or a target, so it applies to any tool set.
 - `argument_coercion`: each argument converted to its declared type ("5" for an integer, a lone
   value for an array, "true" for a boolean);
 - `no_tool_path`: say when to call nothing, and drop calls to functions the task does not list;
-- `abstain_check`: a reply that calls nothing gets one second look against the listed functions.
+- `abstain_check`: a reply that calls nothing gets one second look against the listed functions;
+- `step_budget`: a multi-turn agent's replies per user turn, doubled up to a ceiling.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ecdysis.roles.base import ModificationSpec
-from ecdysis.roles.repairs import CodeRepair, RepairInput, RepairResult, cluster_scope, marker, set_param
+from ecdysis.roles.repairs import (CodeRepair, RepairInput, RepairResult, cluster_scope, marker, params_of,
+                                  set_param)
 
 
 def _append(code: str, name: str, block: str) -> str:
@@ -302,7 +304,42 @@ def solve(task, model, harness):
             scope=cluster_scope(inp.cluster) + "; the trigger is an empty list of calls, for any task."))
 
 
-AGENT_OPERATORS = (CallFormat(), CallParseRetry(), ArgumentCoercion(), NoToolPath(), AbstainCheck())
+@dataclass(frozen=True)
+class StepBudget:
+    """A multi-turn agent's step limit (`max_steps` in harness.toml [params]: model replies per user
+    turn), doubled up to a ceiling: the general repair for turns cut off while the calls go on."""
+
+    name: str = "step_budget"
+    title: str = "More steps per turn"
+    ceiling: int = 16
+
+    def present(self, files: Mapping[str, str]) -> bool:
+        return f"({self.name})" in files.get("harness.toml", "")
+
+    def unavailable(self, inp: RepairInput) -> str | None:
+        steps = params_of(inp.files).get("max_steps")
+        if not isinstance(steps, int):
+            return "harness.toml [params] has no max_steps to raise"
+        if steps >= self.ceiling:
+            return f"max_steps is already at the ceiling of {self.ceiling}"
+        return _for_calls(inp)
+
+    def apply(self, inp: RepairInput) -> RepairResult:
+        current = int(params_of(inp.files)["max_steps"])
+        steps = min(self.ceiling, 2 * current)
+        files = dict(inp.files)
+        files["harness.toml"] = set_param(files["harness.toml"], "max_steps", str(steps),
+                                          f"room for the calls a turn needs ({self.name})")
+        return RepairResult(self.name, files, ModificationSpec(
+            target_files=("harness.toml",), operator=self.name,
+            change=f"Raise max_steps, the model replies allowed per user turn, from {current} to {steps}.",
+            root_cause=inp.root_cause or f"Turns are cut off at {current} steps while the model still calls.",
+            expected_effect="Turns that needed more steps finish; step-limit failures should drop.",
+            risk="A model that loops on a failing call loops longer, at one model call a step.",
+            scope=cluster_scope(inp.cluster) + "; one limit for every turn of every task."))
+
+
+AGENT_OPERATORS = (CallFormat(), CallParseRetry(), ArgumentCoercion(), NoToolPath(), AbstainCheck(), StepBudget())
 
 # Which agent repairs address which agent failure type, best first.
 AGENT_RANKING: dict[str, tuple[str, ...]] = {
@@ -311,4 +348,8 @@ AGENT_RANKING: dict[str, tuple[str, ...]] = {
     "wrong_function": ("no_tool_path", "call_format"),
     "call_count": ("call_format", "abstain_check"),
     "irrelevant_call": ("no_tool_path", "call_format"),
+    # Multi-turn tasks (the calls run in environments, turn by turn).
+    "step_limit": ("step_budget", "call_format"),
+    "stopped_early": ("call_format", "call_parse_retry", "abstain_check"),
+    "env_error": ("call_format",),
 }

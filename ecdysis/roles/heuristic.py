@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from ecdysis.aggregate import Cluster
-from ecdysis.failures import AGENT_TYPES
+from ecdysis.failures import AGENT_TYPES, MULTI_TURN_TYPES
 from ecdysis.roles.base import CaseFile, RoleMessage, RoleName, RoleTurn, render_output, schema_errors
 from ecdysis.roles.operators import OPERATORS, Ranking, RepairInput, params_of
 
@@ -81,10 +81,23 @@ def _agent_cause(c: Cluster, files: dict[str, str]) -> tuple[str, str]:
     elif c.type == "call_count":
         cause = f"The number of calls is wrong ({seen}); the prompt does not show how several calls are listed.{example}"
         component = "user.md"
-    else:
+    elif c.type == "irrelevant_call":
         cause = (f"A function is called although none of the listed ones does what is asked ({seen}); the "
                  f"prompt's rule for calling nothing is easy to miss.")
         component = "system.md"
+    elif c.type == "step_limit":
+        steps = params_of(files).get("max_steps")
+        cause = (f"Turns are cut off at the step limit (max_steps={steps} in harness.toml) while the model "
+                 f"still calls ({seen}).{example}")
+        component = "harness.toml:max_steps"
+    elif c.type == "stopped_early":
+        cause = (f"Turns end before the task is done ({seen}): a reply without calls ends the turn in "
+                 f"solve_turns(), and nothing asks whether the request is met.{example}")
+        component = "harness.py:solve_turns"
+    else:  # env_error
+        cause = (f"Calls fail in the environment ({seen}); the prompt lists each function as one signature "
+                 f"line and shows no example of a call.{example}")
+        component = "user.md"
     return cause, component
 
 
@@ -122,7 +135,7 @@ def investigate(case: CaseFile) -> dict[str, Any]:
                  f"worked example{' (no fewshot.jsonl)' if not facts['few_shot'] else ''} and takes "
                  f"{facts['samples']} sample(s) at temperature {facts['temperature']}.")
         component = "user.md" if not facts["few_shot"] else "harness.toml:samples"
-    elif c.type in AGENT_TYPES:
+    elif c.type in AGENT_TYPES or c.type in MULTI_TURN_TYPES:
         cause, component = _agent_cause(c, case.files)
     else:
         frame = next((f.detail["location"] for f in c.failures if f.detail.get("location")), None)
