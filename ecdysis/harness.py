@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ecdysis.errors import InputError, NotFound
+from ecdysis.errors import InputError
 from ecdysis.store import HarnessVersion, Store
 
 STARTER_DIR = Path(__file__).resolve().parent / "starter_harness"
@@ -188,36 +188,6 @@ def calls_functions(suite: Any) -> bool:
     conversation of them): its default starter is then the agent harness, since the plain starter
     never shows the model the functions."""
     return getattr(getattr(suite, "scorer", None), "kind", None) in ("bfcl_ast", "bfcl_multi_turn")
-
-
-def resolve(store: Store, ref: str | None, *, suite: Any = None) -> HarnessVersion:
-    """A version id (or unique prefix), `starter`, `starter-agent`, or a harness folder on disk
-    (stored on use). No ref: the starter that fits `suite` (the agent harness for function calls)."""
-    if ref in (None, ""):
-        return ensure_starter_agent(store) if calls_functions(suite) else ensure_starter(store)
-    if ref == "starter":
-        return ensure_starter(store)
-    if ref == "starter-agent":
-        return ensure_starter_agent(store)
-    assert ref is not None
-    path = Path(ref)
-    if path.is_dir():
-        files = read_dir(path)
-        version = new_version(files, parent=None, note=f"from folder {path.name}", status="imported")
-        return store.get_harness(version.id) or store.put_harness(version)
-    if path.suffix == ".zip" and path.exists():
-        from ecdysis.export import import_zip  # export/import lives with the zip format
-        return import_zip(store, path)
-    exact = store.get_harness(ref)
-    if exact:
-        return exact
-    matches = [v for v in store.list_harnesses() if v.id.startswith(ref)]
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        raise NotFound(f"harness version prefix {ref!r} is ambiguous",
-                       hint="give more characters: " + ", ".join(v.id for v in matches[:5]))
-    raise NotFound(f"no harness version {ref!r}", hint="`ecdysis harnesses` lists them; or give a folder")
 
 
 def params(files: dict[str, str]) -> dict[str, object]:

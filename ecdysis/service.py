@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ecdysis import diagnosis
 from ecdysis import evolve as _evolve  # noqa: F401 - imported here, not lazily in job threads
 from ecdysis import harness as harness_mod
+from ecdysis.harness_refs import resolve
 from ecdysis.errors import Conflict, InputError, NotFound
 from ecdysis.leases import Held, diagnosis_key, evolution_key, run_key
 from ecdysis.models.base import ModelBackend
@@ -331,7 +332,7 @@ class Service(AfterRuns):
 
     # ---- harnesses
     def harness(self, ref: str | None, *, suite: Suite | None = None) -> HarnessVersion:
-        return harness_mod.resolve(self.store, ref, suite=suite)
+        return resolve(self.store, ref, suite=suite)
 
     def harnesses(self) -> list[HarnessVersion]:
         harness_mod.ensure_starter(self.store)

@@ -536,7 +536,8 @@ def test_a_run_through_the_starter_agent_presents_the_tools_and_scores_the_calls
 def test_the_default_starter_follows_the_suite(bfcl: Path, store) -> None:
     """No harness named: a function-calling suite gets the starter agent, others the plain starter;
     both can be named (`starter`, `starter-agent`)."""
-    from ecdysis.harness import STARTER_AGENT_DIR, read_dir, resolve, starter_files
+    from ecdysis.harness import STARTER_AGENT_DIR, read_dir, starter_files
+    from ecdysis.harness_refs import resolve
     agent = resolve(store, None, suite=load_suite("bfcl-simple"))
     assert agent.files == read_dir(STARTER_AGENT_DIR) and "calls.py" in agent.files
     assert resolve(store, None, suite=load_suite("reasoning-mix")).files == starter_files()

@@ -113,7 +113,7 @@ def test_the_suite_holds_every_entry_as_bfcl_writes_it(root: Path, suite) -> Non
 
 
 def test_the_suite_is_listed_and_runs_the_starter_agent(root: Path, store) -> None:
-    from ecdysis.harness import resolve
+    from ecdysis.harness_refs import resolve
     rows = {r["name"]: r for r in describe_suites(bigbench=False)}
     row = rows[SUITE]
     assert (row["size"], row["scorer"], row["categories"]) == (200, "bfcl_multi_turn", {"multi_turn_base": 200})
