@@ -14,7 +14,7 @@ if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; t
   echo "error: Python 3.11 or newer is needed (found $("$PY" --version 2>&1))" >&2; exit 1
 fi
 
-# bubblewrap is the harness sandbox's filesystem, network and process boundary (ecdysis/sandbox.py),
+# bubblewrap is the harness sandbox's filesystem, network and process boundary (ecdysis/sandbox/),
 # so the plain set-up installs it too; without it harness code runs as a plain child process and
 # every run records that note.
 if ! command -v bwrap >/dev/null 2>&1; then

@@ -1,4 +1,4 @@
-"""Hostile harness code against the sandbox boundary (ecdysis/sandbox.py).
+"""Hostile harness code against the sandbox boundary (ecdysis/sandbox/).
 
 The end-to-end test runs the real CLI (`ecdysis run`) in a subprocess whose environment holds API
 keys from its first instruction (so they are in its /proc/PID/environ), on a data folder that
@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from ecdysis import sandbox
+from ecdysis.sandbox import boundary
 from ecdysis.harness import starter_files, write_dir
 from ecdysis.sandbox import SandboxLimits, WorkerPool, isolation
 from servers.proc_tree import alive, descendants
@@ -472,8 +473,8 @@ def test_engine_killed_mid_instance_takes_the_sandbox_with_it(tmp_path: Path, mo
 
 
 def test_missing_bwrap_falls_back_with_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox, "_probed", {})
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(boundary, "_probed", {})
+    monkeypatch.setattr(boundary.shutil, "which", lambda name: None)
     found = isolation("auto")
     assert found.mode == "process"
     assert "not installed" in found.note and "no filesystem or network boundary" in found.note
@@ -488,10 +489,10 @@ def test_bwrap_that_cannot_create_namespaces_falls_back_with_a_note(monkeypatch:
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(sandbox, "_probed", {})
+    monkeypatch.setattr(boundary, "_probed", {})
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
-    real_argv = sandbox._bwrap_argv
-    monkeypatch.setattr(sandbox, "_bwrap_argv", lambda *a: [str(fake)] + real_argv(*a)[1:])
+    real_argv = boundary.bwrap_argv
+    monkeypatch.setattr(boundary, "bwrap_argv", lambda *a: [str(fake)] + real_argv(*a)[1:])
     found = isolation("auto")
     assert found.mode == "process"
     assert "No permissions to create new namespace" in found.note

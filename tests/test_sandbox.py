@@ -7,7 +7,8 @@ import pytest
 
 from ecdysis.harness import starter_files
 from ecdysis.harness_runtime import OUTPUT_MARK
-from ecdysis.sandbox import HarnessWorker, SandboxLimits, WorkerPool, _Output
+from ecdysis.sandbox import HarnessWorker, SandboxLimits, WorkerPool
+from ecdysis.sandbox.zygote import OutputTail
 
 TASK = {"input": "What is 2 + 2?", "choices": None, "category": "arithmetic", "fields": {}}
 FAST = SandboxLimits(timeout_s=3.0, memory_mb=512)
@@ -88,7 +89,7 @@ def test_megabytes_of_output_are_cut_to_a_tail() -> None:
 def test_output_tail_survives_a_mark_read_on_its_own() -> None:
     """Under load the runtime's end mark can arrive in a read of its own after a full 64 KiB read
     of output; the tail must still be the last characters printed (CI once stored it empty)."""
-    tail = _Output(4000)
+    tail = OutputTail(4000)
     tail.add(b"x" * 65536)
     tail.add(b"x" * 60000 + b"END OF FLOOD\n")
     tail.add(OUTPUT_MARK.encode())
