@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ecdysis.service import Service
+from ecdysis.service import Service, load_workflows
 from ecdysis.settings import Settings
 
 
@@ -13,14 +13,11 @@ def _preload_engine() -> None:
     """The service imports these lazily inside job functions; importing them once here, in the
     script thread, keeps two worker threads from importing the same module at the same moment
     (seen to fail: 'NoneType' object has no attribute '__dict__' in dataclass set-up)."""
-    import ecdysis.aggregate  # noqa: F401
-    import ecdysis.diagnosis  # noqa: F401
     import ecdysis.diffs  # noqa: F401
-    import ecdysis.evolve  # noqa: F401
     import ecdysis.export  # noqa: F401
     import ecdysis.gate  # noqa: F401
     import ecdysis.jobs  # noqa: F401
-    ecdysis.aggregate.load_clustering_stack()
+    load_workflows()
 
 
 @st.cache_resource(show_spinner=False)

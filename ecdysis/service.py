@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ecdysis import diagnosis
-from ecdysis import evolve as _evolve  # noqa: F401 - imported here, not lazily in job threads
 from ecdysis import harness as harness_mod
 from ecdysis.harness_refs import resolve
 from ecdysis.errors import Conflict, InputError, NotFound
@@ -31,6 +29,17 @@ if TYPE_CHECKING:
 
 
 PROPOSAL_STATUSES = ("pending", "approved", "edited", "rejected", "applied", "superseded")
+
+
+def load_workflows() -> None:
+    """Import what diagnoses and evolutions run on (the roles, the clustering stack, scikit-learn)
+    in the calling thread. A job calls this before its work goes to a thread of its own: two job
+    threads importing one module at the same moment can see it half-built. Light commands never
+    pay for it (about half a second)."""
+    import ecdysis.diagnosis  # noqa: F401
+    import ecdysis.evolve  # noqa: F401
+    from ecdysis.aggregate import load_clustering_stack
+    load_clustering_stack()
 
 
 @dataclass
@@ -105,6 +114,7 @@ class AfterRuns:
         chosen = list(models or self.settings.default_models)
         runs = [self.create_run(RunRequest(suite=suite, model=m, limit=limit, label="demo")) for m in chosen]  # type: ignore[attr-defined]
         steps = len(runs) + 1
+        load_workflows()
 
         def work(ctx: "JobContext") -> dict[str, Any]:
             import time
@@ -146,6 +156,7 @@ class AfterRuns:
     # ---- diagnoses and proposals
     def diagnose(self, run_ids: list[str], *, role_backend: str = "heuristic", max_rounds: int = 3,
                  events: Callable[[dict[str, Any]], None] | None = None) -> "DiagnosisRecord":
+        from ecdysis import diagnosis
         with Held(self.store, diagnosis_key(run_ids), ttl_s=self.settings.lease_ttl_s, role="diagnose"):
             report = diagnosis.diagnose(self.store, run_ids, suite_loader=self.suite,  # type: ignore[attr-defined]
                                         role_backend=role_backend, max_rounds=max_rounds,
@@ -155,6 +166,7 @@ class AfterRuns:
 
     def start_diagnosis_job(self, run_ids: list[str], *, role_backend: str = "heuristic") -> str:
         self.refuse_if_running_elsewhere(diagnosis_key(run_ids))
+        load_workflows()
 
         def work(ctx: "JobContext") -> dict[str, Any]:
             ctx.progress(0, 1, "clustering failures", force=True)
@@ -237,6 +249,7 @@ class AfterRuns:
         return self._evolution_job(evolution_id)
 
     def _evolution_job(self, evolution_id: str) -> str:
+        load_workflows()
         from ecdysis.evolve import Evolver, summary
 
         def work(ctx: "JobContext") -> dict[str, Any]:

@@ -104,11 +104,12 @@ def test_run_and_evolve_default_to_qwen_with_smollm2_as_second_model() -> None:
 
 
 def test_light_commands_do_not_import_the_clustering_stack() -> None:
-    """scikit-learn and SciPy take about a second to import; the CLI module, and with it every
-    light command (runs, harnesses, proposals, settings, --help), loads neither. The time itself
+    """scikit-learn and SciPy take about a second to import, the diagnosis and evolution machinery
+    another half; the CLI module, and with it every light command (runs, harnesses, proposals,
+    settings, --help), loads none of them. The time itself
     is a benchmark figure (README, "A fast CLI"), not asserted here."""
-    probe = ("import sys, ecdysis.cli, storage; "
-             "print(sorted(m for m in ('sklearn', 'scipy', 'pandas') if m in sys.modules))")
+    probe = ("import sys, ecdysis.cli, storage; print(sorted(m for m in ('sklearn', 'scipy', 'pandas', "
+             "'ecdysis.diagnosis', 'ecdysis.evolve', 'ecdysis.roles') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "[]", out.stdout
