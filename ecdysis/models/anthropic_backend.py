@@ -4,12 +4,11 @@ URL). The registry wraps it in `with_retries`; system messages become the `syste
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import anthropic
 
-from ecdysis.models.remote_errors import RemoteErrors, token_count
+from ecdysis.models.hosted import HostedBackend, RemoteErrors, token_count
 from ecdysis.records import Completion, CompletionRequest
 
 # A local Anthropic-compatible server may need no key; without one the SDK would go looking for
@@ -28,7 +27,7 @@ _FINISH: dict[str, str] = {"max_tokens": "length", "end_turn": "stop", "stop_seq
                           "tool_use": "stop"}
 
 
-class AnthropicBackend:
+class AnthropicBackend(HostedBackend):
     """Messages from one Anthropic model.
 
     The request's temperature and seed are not sent: SDK 2.x has no sampling parameters and the
@@ -48,17 +47,6 @@ class AnthropicBackend:
         self.base_url = str(self._client.base_url)
         self._errors = RemoteErrors(self.model_id, self.base_url, api_key or "", _HINTS,
                                     "check ANTHROPIC_BASE_URL and the network")
-
-    def __repr__(self) -> str:
-        return f"AnthropicBackend(model={self.model!r}, base_url={self.base_url!r})"
-
-    def complete(self, request: CompletionRequest) -> Completion:
-        start = time.perf_counter()
-        response = self._call(request)
-        return self._completion(response, time.perf_counter() - start)
-
-    def close(self) -> None:
-        self._client.close()
 
     def _call(self, request: CompletionRequest) -> Any:
         system, messages = split_system(request.messages)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Any
 
 import httpx
@@ -13,7 +12,7 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from ecdysis.models.loopback import LoopbackTransport, is_loopback_url
-from ecdysis.models.remote_errors import RemoteErrors, token_count
+from ecdysis.models.hosted import HostedBackend, RemoteErrors, token_count
 from ecdysis.records import Completion, CompletionRequest
 
 # Local servers ignore the key, but the SDK refuses to build a client without one.
@@ -27,7 +26,7 @@ _HINTS: dict[int, str] = {
 }
 
 
-class OpenAIBackend:
+class OpenAIBackend(HostedBackend):
     """Chat completions from one model of an OpenAI-compatible server.
 
     `max_retries=0` in the SDK because `with_retries` owns retrying (otherwise attempts multiply).
@@ -53,17 +52,6 @@ class OpenAIBackend:
         self.base_url = str(self._client.base_url)
         self._errors = RemoteErrors(self.model_id, self.base_url, api_key or "", _HINTS,
                                     "check OPENAI_BASE_URL and that the server is running")
-
-    def __repr__(self) -> str:
-        return f"OpenAIBackend(model={self.model!r}, base_url={self.base_url!r})"
-
-    def complete(self, request: CompletionRequest) -> Completion:
-        start = time.perf_counter()
-        response = self._call(request)
-        return self._completion(response, time.perf_counter() - start)
-
-    def close(self) -> None:
-        self._client.close()
 
     def _call(self, request: CompletionRequest) -> Any:
         params: dict[str, Any] = dict(model=self.model, messages=request.message_dicts(),

@@ -1,6 +1,7 @@
-"""The one ladder from a hosted API's SDK errors to `ModelError`, for the OpenAI and Anthropic
-backends alike (both SDKs raise the same four kinds: a status error, a timeout, a connection error
-and an unreadable body), with the key redacted from every message.
+"""What the hosted-API backends (OpenAI-compatible, Anthropic) share: `HostedBackend`, the timed
+call around their own request and reply handling, and `RemoteErrors`, the one ladder from an SDK's
+errors to `ModelError` (both SDKs raise the same four kinds: a status error, a timeout, a
+connection error and an unreadable body), with the key redacted from every message.
 
 Each backend keeps what is its own: the hints for its status codes, its environment variable in
 the connection hint, the status detail it reads (`message` or `api_message`) and any kind it
@@ -11,12 +12,41 @@ holds the request, headers included, and the raw body, either of which may echo 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Mapping, NoReturn
 
 from ecdysis.errors import ModelError
 from ecdysis.models.retry import is_retryable_status, parse_retry_after, status_kind
+from ecdysis.records import Completion, CompletionRequest
+
+
+class HostedBackend:
+    """Base of a hosted-API backend: `complete` times the subclass's `_call` (the request, errors
+    mapped by its `RemoteErrors`) and hands the response to its `_completion` (the reply checked
+    field by field). Subclasses set `model`, `base_url` and `_client` (the SDK client)."""
+
+    model: str
+    base_url: str
+    _client: Any
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r})"
+
+    def complete(self, request: CompletionRequest) -> Completion:
+        start = time.perf_counter()
+        response = self._call(request)
+        return self._completion(response, time.perf_counter() - start)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, request: CompletionRequest) -> Any:
+        raise NotImplementedError
+
+    def _completion(self, response: Any, latency: float) -> Completion:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
