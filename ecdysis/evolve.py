@@ -19,7 +19,7 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from ecdysis import diagnosis
+from ecdysis import diagnosis, lifecycle
 from ecdysis.diffs import FileDiff, apply_diffs
 from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, InputError
 from ecdysis.gate import (POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, call_cost, cost_shortfall,
@@ -38,10 +38,8 @@ STRATEGIES = tuple(STRATEGY_CLASSES)
 # Which phases' calls an iteration row counts under which name.
 PHASE_GROUP = {"train": "train", "diagnose": "diagnose", "screen": "screen", "rescreen": "screen",
                "validate": "validate"}
-DECIDED_STATUS = {"approve": "approved", "edit": "edited", "reject": "rejected"}
 # Proposal statuses `_compose` (re)applies: "applied" and "superseded" are its own earlier verdicts
 # on them, which a process that died before saving the cursor must be able to reach again.
-COMPOSABLE = ("approved", "edited", "applied", "superseded")
 
 # A reviewer sees one pending proposal and returns (decision, reason, edited files or None).
 Reviewer = Callable[[ProposalRecord], tuple[str, str, dict[str, str] | None]]
@@ -492,7 +490,7 @@ class Evolver:
             if earlier:
                 # Decided, but the status not set: a database written by a version whose `decide`
                 # made two writes and died between them. Finish that write instead of deciding twice.
-                self.store.set_proposal_status(proposal.id, DECIDED_STATUS[earlier[-1].decision])
+                lifecycle.move(self.store, proposal.id, lifecycle.DECIDED[earlier[-1].decision])
                 continue
             try:
                 if cfg.auto_approve:
@@ -525,7 +523,7 @@ class Evolver:
         against the parent's stored outcomes there (free: the same calls are cached); changes
         that gain nothing there, or too little for the calls they add, go no further."""
         approved = [pid for pid in cur["proposal_ids"]
-                    if (p := self.store.get_proposal(pid)) is not None and p.status in COMPOSABLE]
+                    if (p := self.store.get_proposal(pid)) is not None and p.status in lifecycle.COMPOSABLE]
         if not plan.screens:
             return [[pid] for pid in approved] if plan.one_at_a_time else ([approved] if approved else [])
         return [[pid] for pid in self._survivors(evo, cfg, cur, approved, budget)]
@@ -654,7 +652,7 @@ class Evolver:
         seen: list[dict[str, str]] = []
         for pid in group:
             proposal = self.store.get_proposal(pid)
-            if proposal is None or proposal.status not in COMPOSABLE:
+            if proposal is None or proposal.status not in lifecycle.COMPOSABLE:
                 continue
             chosen = approved_files(self.store, proposal)
             if chosen is None:
@@ -662,14 +660,14 @@ class Evolver:
             if chosen in seen or all(files.get(path) == text for path, text in chosen.items()):
                 # The same change as one applied before it (two failing instances repaired alike): a
                 # second application would duplicate its lines.
-                self.store.set_proposal_status(pid, "superseded")
+                lifecycle.move(self.store, pid, "superseded")
                 applied.append({"proposal_id": pid, "applied": False, "why": "the same change is already in the harness"})
                 continue
             origin = self.store.get_harness(proposal.harness_version) or base
             patch = [FileDiff.from_json(d) for d in _diffs_between(origin.files, {**origin.files, **chosen})]
             result = apply_diffs(files, patch)
             if not result.ok:
-                self.store.set_proposal_status(pid, "superseded")
+                lifecycle.move(self.store, pid, "superseded")
                 applied.append({"proposal_id": pid, "applied": False, "why": "; ".join(result.failures)})
                 continue
             files = result.files  # type: ignore[assignment]
@@ -690,7 +688,7 @@ class Evolver:
             self.store.put_harness(candidate)
         for a in applied:
             if a["applied"]:
-                self.store.set_proposal_status(a["proposal_id"], "applied")
+                lifecycle.move(self.store, a["proposal_id"], "applied")
         return candidate.id, applied
 
     def _validate(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], budget: CallBudget) -> None:

@@ -11,6 +11,7 @@ from typing import Mapping, Protocol, Sequence
 
 from ecdysis.errors import Conflict, InputError, NotFound
 from ecdysis.harness import validate_files
+from ecdysis.lifecycle import DECIDED, can_move
 from ecdysis.records import InstanceResult
 from ecdysis.store import DecisionKind, DecisionRecord, ProposalRecord, Store
 
@@ -137,7 +138,7 @@ def decide(store: Store, proposal_id: str, decision: DecisionKind, *, who: str, 
     proposal = store.get_proposal(proposal_id)
     if proposal is None:
         raise NotFound(f"no proposal {proposal_id!r}")
-    if proposal.status not in ("pending",):
+    if not can_move(proposal.status, DECIDED.get(decision, "approved")):  # decided once, when pending
         raise Conflict(f"proposal {proposal_id} was already decided ({proposal.status}); nothing was recorded",
                        hint=f"`ecdysis proposals --status {proposal.status}` shows it")
     if decision not in ("approve", "edit", "reject"):
@@ -158,8 +159,7 @@ def decide(store: Store, proposal_id: str, decision: DecisionKind, *, who: str, 
                             files_as_applied=applied, at=time.time())
     # One transaction, conditional on the proposal still being pending: of two deciders at once,
     # one records, the other gets Conflict and stores nothing.
-    status = {"approve": "approved", "edit": "edited", "reject": "rejected"}[decision]
-    return store.decide_proposal(record, status)
+    return store.decide_proposal(record, DECIDED[decision])
 
 
 def approved_files(store: Store, proposal: ProposalRecord) -> dict[str, str] | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ecdysis import harness as harness_mod
+from ecdysis import lifecycle
 from ecdysis.harness_refs import resolve
 from ecdysis.errors import Conflict, InputError, NotFound
 from ecdysis.leases import Held, diagnosis_key, evolution_key, run_key
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from ecdysis.store import DecisionRecord, DiagnosisRecord, EvolutionRecord, JobRecord, ProposalRecord
 
 
-PROPOSAL_STATUSES = ("pending", "approved", "edited", "rejected", "applied", "superseded")
 
 
 def load_workflows() -> None:
@@ -185,8 +185,8 @@ class AfterRuns:
         return rec
 
     def proposals(self, *, diagnosis_id: str | None = None, status: str | None = None) -> list["ProposalRecord"]:
-        if status is not None and status not in PROPOSAL_STATUSES:
-            raise InputError(f"unknown proposal status {status!r}", hint=f"one of {', '.join(PROPOSAL_STATUSES)}")
+        if status is not None and status not in lifecycle.STATUSES:
+            raise InputError(f"unknown proposal status {status!r}", hint=f"one of {', '.join(lifecycle.STATUSES)}")
         return self.store.list_proposals(diagnosis_id=diagnosis_id, status=status)
 
     def get_proposal(self, proposal_id: str) -> "ProposalRecord":
@@ -220,7 +220,7 @@ class AfterRuns:
                                         "spec": proposal.spec, "predicted": proposal.spec.get("expected_effect", ""),
                                         "edited": proposal.status == "edited"}]}
         stored = self.store.get_harness(version.id) or self.store.put_harness(version)
-        self.store.set_proposal_status(proposal_id, "applied")
+        lifecycle.move(self.store, proposal_id, "applied")
         return stored
 
     # ---- evolutions

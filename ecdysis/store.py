@@ -67,7 +67,7 @@ class ProposalRecord:
     harness_version: str          # the version the patch applies to
     spec: dict[str, Any]
     files: dict[str, str]         # the full patched files (only those that change)
-    status: str = "pending"       # pending | approved | edited | rejected | applied | superseded
+    status: str = "pending"       # see ecdysis.lifecycle: pending | approved | edited | rejected | applied | superseded
     data: dict[str, Any] = field(default_factory=dict)  # diffs, transcript, critic verdict
     created_at: float = 0.0
 

@@ -89,3 +89,26 @@ def test_a_change_that_adds_calls_must_buy_points_with_them(gain: float, extra: 
                                                             short: str | None) -> None:
     why = cost_shortfall(gain, extra, per_call)
     assert (why is None) if short is None else (short in (why or "")), why
+
+
+@pytest.mark.parametrize("current", ["pending", "approved", "edited", "rejected", "applied", "superseded"])
+def test_the_proposal_lifecycle_allows_exactly_its_moves(current: str) -> None:
+    """Decided once, from pending; applied or superseded only once a person approved; rejected
+    for good. The table is the one every status change goes through (`lifecycle.move`)."""
+    from ecdysis.lifecycle import STATUSES, can_move
+    allowed = {to for to in STATUSES if can_move(current, to)}
+    expected = {"pending": {"approved", "edited", "rejected"}, "rejected": set()}.get(current, {"applied", "superseded"})
+    assert allowed == expected
+
+
+def test_a_move_the_lifecycle_refuses_writes_nothing() -> None:
+    from diagnosis_fixtures import MemoryStore
+    from ecdysis.errors import Conflict
+    from ecdysis.lifecycle import move
+    from ecdysis.store import ProposalRecord
+    store = MemoryStore()
+    store.save_proposal(ProposalRecord(id="p1", diagnosis_id="d", cluster_id="c1", harness_version="h",
+                                       spec={}, files={}, status="rejected", created_at=1.0))
+    with pytest.raises(Conflict, match="p1 is rejected; it cannot become applied"):
+        move(store, "p1", "applied")
+    assert store.get_proposal("p1").status == "rejected"
