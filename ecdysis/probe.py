@@ -23,7 +23,10 @@ from ecdysis.failures import AGENT_TYPES, MULTI_TURN_TYPES
 from ecdysis.records import Instance
 from ecdysis.refine import SmokeRunner, expected_calls, train_failures
 from ecdysis.roles.base import Exemplar
-from ecdysis.roles.operators import OPERATORS, ProposalError, Ranking, RepairInput
+from ecdysis.roles.drafting import ProposalError
+from ecdysis.roles.operators import OPERATORS
+from ecdysis.roles.ranking import Ranking
+from ecdysis.roles.repairs import RepairInput
 
 PROBE_SIZE = 3        # failures of the cluster each repair is run on
 PROBE_OPERATORS = 2   # catalogue repairs tried per cluster, best ranked first

@@ -22,7 +22,8 @@ from ecdysis.models.gateway import (CALL_LIMIT_MESSAGE, MAX_CALLS_PER_SOLVE, Mod
                                     harness_request)
 from ecdysis.records import Instance, ScorerSpec
 from ecdysis.roles.base import CaseFile, CheckResult, Draft, Exemplar, ModificationSpec, RoleBackend, RoleMessage
-from ecdysis.roles.operators import OPERATORS, ProposalError, materialize
+from ecdysis.roles.drafting import ProposalError, materialize
+from ecdysis.roles.operators import OPERATORS
 from ecdysis.sandbox import SandboxLimits, WorkerPool
 from ecdysis.store import ProposalRecord
 

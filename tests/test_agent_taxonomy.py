@@ -19,7 +19,10 @@ from ecdysis.records import Instance, InstanceResult, ModelCall
 from ecdysis.roles import HeuristicRoleBackend
 from ecdysis.roles.agent_operators import AGENT_OPERATORS
 from ecdysis.roles.base import ROLES, CaseFile, schema_errors
-from ecdysis.roles.operators import OPERATORS, Ranking, RepairInput, materialize
+from ecdysis.roles.drafting import materialize
+from ecdysis.roles.operators import OPERATORS
+from ecdysis.roles.ranking import Ranking
+from ecdysis.roles.repairs import RepairInput
 from ecdysis.sandbox import SandboxLimits
 
 FAST = SandboxLimits(timeout_s=10.0, memory_mb=512)

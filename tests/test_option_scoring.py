@@ -130,7 +130,7 @@ def test_option_scoring_is_ranked_for_closed_answers(type_: str, shape: str, pla
     after worked examples, before voting. An open answer form: not at all."""
     from ecdysis.aggregate import Cluster
     from ecdysis.failures import Failure
-    from ecdysis.roles.operators import Ranking
+    from ecdysis.roles.ranking import Ranking
     failures = [Failure(run_id="r", suite="s", instance_id=f"i{n}", category="c", split="train", model="m",
                         harness_version="h", type=type_, excerpt="", signature="x", answer="", target="A",
                         shape=shape) for n in range(4)]  # type: ignore[arg-type]

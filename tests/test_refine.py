@@ -20,7 +20,8 @@ from ecdysis.harness import starter_files
 from ecdysis.models.scripted import Rule, ScriptedBackend
 from ecdysis.refine import DataIndex, LeakageCheck
 from ecdysis.roles.base import ModificationSpec
-from ecdysis.roles.operators import OPERATORS, RepairInput
+from ecdysis.roles.operators import OPERATORS
+from ecdysis.roles.repairs import RepairInput
 from ecdysis.sandbox import SandboxLimits, WorkerPool
 from ecdysis.suites.scorers import score
 

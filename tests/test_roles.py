@@ -20,7 +20,9 @@ from ecdysis.roles import HeuristicRoleBackend, make_role_backend
 from ecdysis.roles.agent_operators import AGENT_OPERATORS
 from ecdysis.roles.base import ROLES, CaseFile, Exemplar, schema_errors
 from ecdysis.roles.llm import LLMRoleBackend, extract_json
-from ecdysis.roles.operators import OPERATORS, RepairInput, materialize, set_param
+from ecdysis.roles.drafting import materialize
+from ecdysis.roles.operators import OPERATORS
+from ecdysis.roles.repairs import RepairInput, set_param
 from ecdysis.sandbox import SandboxLimits
 
 FAST = SandboxLimits(timeout_s=10.0, memory_mb=512)
@@ -251,7 +253,7 @@ def test_a_long_harness_reaches_the_llm_roles_as_an_outline_with_the_code_in_for
     quoted exactly, so a find/replace edit on them applies; the Proposer's reply budget grows with
     the file so a whole-file rewrite fits."""
     from ecdysis.roles.llm import REPLY_CEILING, _files_text
-    from ecdysis.roles.operators import materialize
+    from ecdysis.roles.drafting import materialize
     files = patched("answer_extraction", "retry_unparsable", "choice_matching", case=case)
     code = files["harness.py"]
     assert len(code) > 6000

@@ -15,7 +15,9 @@ from typing import Any, Callable
 from ecdysis.aggregate import Cluster
 from ecdysis.failures import AGENT_TYPES, MULTI_TURN_TYPES
 from ecdysis.roles.base import CaseFile, RoleMessage, RoleName, RoleTurn, render_output, schema_errors
-from ecdysis.roles.operators import OPERATORS, Ranking, RepairInput, params_of
+from ecdysis.roles.operators import OPERATORS
+from ecdysis.roles.ranking import Ranking
+from ecdysis.roles.repairs import RepairInput, params_of
 
 BACKEND = "heuristic"
 

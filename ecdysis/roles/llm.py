@@ -23,7 +23,8 @@ from ecdysis.models.gateway import ModelGateway
 from ecdysis.records import CompletionRequest
 from ecdysis.roles.base import SCHEMAS, CaseFile, RoleMessage, RoleName, RoleTurn, render_output, schema_errors
 from ecdysis.roles.heuristic import HeuristicRoleBackend
-from ecdysis.roles.operators import OPERATORS, ProposalError, materialize
+from ecdysis.roles.drafting import ProposalError, materialize
+from ecdysis.roles.operators import OPERATORS
 from ecdysis.store import Store
 
 FILE_CHARS = 6000  # per harness file in a prompt; a longer harness.py is shown as an outline (`_outline`)

@@ -11,13 +11,12 @@ around the previous definition, so they compose in any order and each shows as o
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from ecdysis.aggregate import Cluster
-from ecdysis.roles.agent_operators import AGENT_OPERATORS, AGENT_RANKING
-from ecdysis.roles.base import CaseFile, Draft, Exemplar, ModificationSpec
+from ecdysis.roles.agent_operators import AGENT_OPERATORS
+from ecdysis.roles.base import Exemplar, ModificationSpec
 from ecdysis.roles.repairs import (CodeRepair, RepairInput, RepairOperator, RepairResult, cluster_scope,
                                    marker, params_of, set_param)
 
@@ -529,129 +528,3 @@ class WholeTaskInPrompt:
 OPERATORS: dict[str, RepairOperator] = {op.name: op for op in (
     WholeTaskInPrompt(), AnswerExtraction(), AnswerFormatInstruction(), RetryOnUnparsable(), FewShotExemplars(),
     SelfConsistency(), ChoiceMatching(), OutputBudget(), OptionScoring(), *AGENT_OPERATORS)}
-
-# Which operators address which failure type, best first. Errors in harness code, timeouts and
-# model-call errors have no generic repair: they need a hand-written (LLM or human) change.
-RANKING: dict[str, tuple[str, ...]] = {
-    "off_format": ("answer_extraction", "answer_format_instruction", "retry_unparsable", "few_shot",
-                   "choice_matching"),
-    "invalid_choice": ("choice_matching", "answer_format_instruction", "answer_extraction", "few_shot"),
-    "truncated": ("output_budget", "answer_format_instruction", "answer_extraction", "retry_unparsable"),
-    "empty_output": ("retry_unparsable", "answer_format_instruction", "output_budget", "few_shot"),
-    "wrong_answer": ("few_shot", "self_consistency", "answer_format_instruction"),
-    **AGENT_RANKING,
-}
-
-
-CLOSED_FORM_TYPES = frozenset({"off_format", "invalid_choice", "truncated", "empty_output", "wrong_answer"})
-
-
-@dataclass
-class Ranking:
-    """The operators to try for a cluster, best first, adjusted by its evidence."""
-
-    names: list[str] = field(default_factory=list)
-
-    @staticmethod
-    def for_cluster(cluster: Cluster) -> "Ranking":
-        names = list(RANKING.get(cluster.type, ()))
-        omitted = sum(1 for f in cluster.failures if f.detail.get("prompt_omits"))
-        if cluster.failures and omitted * 2 >= len(cluster.failures):
-            # The model was not asked the whole task: no extraction or budget fixes that.
-            names.insert(0, "whole_task_in_prompt")
-        if cluster.type == "off_format" and names:
-            found = sum(1 for f in cluster.failures if f.detail.get("shape_in_reply"))
-            # Extraction cannot find an answer the reply does not contain; then ask for the form first.
-            if found * 2 < len(cluster.failures):
-                names.remove("answer_format_instruction")
-                names.insert(0, "answer_format_instruction")
-        if cluster.type == "unparsable_call" and names:
-            cut = sum(1 for f in cluster.failures if f.detail.get("mechanism") == "cut at the token limit")
-            # Calls cut off at the token limit need room to finish before they need a format.
-            if cut * 2 > len(cluster.failures):
-                names.remove("output_budget")
-                names.insert(0, "output_budget")
-        if cluster.type == "call_count" and names:
-            silent = sum(1 for f in cluster.failures if f.detail.get("mechanism") == "no call")
-            # Calls that are never made need a second look at the functions, not a format.
-            if silent * 2 > len(cluster.failures):
-                names.remove("abstain_check")
-                names.insert(0, "abstain_check")
-        if cluster.type == "truncated" and names:
-            short = sum(1 for f in cluster.failures if f.shape in ("number", "boolean", "choice"))
-            # A reply cut off before a one-word answer is prose, not a long answer: a bigger
-            # budget buys more prose (and doubles the cost); asking for the answer's form first
-            # is the general repair. Long answers (word lists, text) do need the budget.
-            if short * 2 > len(cluster.failures):
-                names.remove("answer_format_instruction")
-                names.insert(0, "answer_format_instruction")
-        closed = sum(1 for f in cluster.failures if f.shape in ("choice", "boolean"))
-        if names and cluster.failures and closed * 2 > len(cluster.failures) and cluster.type in CLOSED_FORM_TYPES:
-            # Mostly closed answers (options, yes/no, true/false). With no usable reply at all (cut
-            # off, empty), scoring the options needs none and is tried first; where the reply was
-            # written but off-format, the cheaper fixes that keep the model's own answer come first
-            # and scoring second. A wrong option picked in writing is not what the model ranks
-            # highest when asked (Qwen 0.5B on temporal_sequences: 0.000 written, 0.533 scored):
-            # scoring comes after worked examples and before 5-sample voting, which costs 4 calls more.
-            place = {"truncated": 0, "empty_output": 0, "wrong_answer": 1}.get(cluster.type, 1)
-            names.insert(min(place, len(names)), "option_scoring")
-        probed = (cluster.probe or {}).get("operator")
-        if probed:
-            # The repair the recoverability probe saw bring most of these failures back comes first.
-            names = [probed] + [n for n in names if n != probed]
-        return Ranking(names)
-
-
-# ---------------------------------------------------------------- proposer output -> files
-
-class ProposalError(ValueError):
-    """A Proposer output that cannot become harness files (unknown operator, edit that misses)."""
-
-
-def _apply_edits(files: dict[str, str], edits: Sequence[Mapping[str, str]]) -> dict[str, str]:
-    out = dict(files)
-    for edit in edits:
-        path, find, replace = str(edit["path"]), str(edit["find"]), str(edit["replace"])
-        if path not in out:
-            if find:
-                raise ProposalError(f"edit targets {path}, which the harness does not have")
-            out[path] = replace  # an empty `find` on a new path creates the file
-            continue
-        count = out[path].count(find) if find else 0
-        if count != 1:
-            raise ProposalError(f"edit on {path}: the text to find occurs {count} times (it must occur once)")
-        out[path] = out[path].replace(find, replace, 1)
-    return out
-
-
-def materialize(output: Mapping[str, Any], case: CaseFile) -> Draft:
-    """Turn a schema-valid Proposer output into a `Draft`: explicit `files` win, then `edits`, then
-    the named catalogue `operator` (whose own spec fills any field the output leaves out)."""
-    from ecdysis.harness import check_name
-
-    spec_data = dict(output.get("spec") or {})
-    name = output.get("operator")
-    files = dict(case.files)
-    if output.get("files"):
-        for path, text in dict(output["files"]).items():
-            files[check_name(str(path))] = str(text)
-    elif output.get("edits"):
-        files = _apply_edits(files, list(output["edits"]))
-    elif name:
-        op = OPERATORS.get(str(name))
-        if op is None:
-            raise ProposalError(f"unknown operator {name!r}; the catalogue has {', '.join(OPERATORS)}")
-        inp = RepairInput(case.files, case.cluster, case.exemplars,
-                          str((case.investigation or {}).get("root_cause", "")))
-        reason = op.unavailable(inp)
-        if reason:
-            raise ProposalError(f"operator {name} cannot apply: {reason}")
-        result = op.apply(inp)
-        files = result.files
-        spec_data = {**result.spec.to_json(), **{k: v for k, v in spec_data.items() if v}}
-        spec_data["exemplars"] = list(result.spec.exemplars)
-    else:
-        raise ProposalError("the proposal names no operator and gives no edits or files")
-    spec_data["operator"] = str(name) if name else None
-    return Draft(spec=ModificationSpec.from_json(spec_data), files=files,
-                 replies=[str(r) for r in output.get("replies") or []])
