@@ -50,7 +50,8 @@ class CallFormat:
                  "function with a text and a number parameter):\n"
                  '[{"name": "example_function", "arguments": {"city": "Paris", "days": 3}}]\n'
                  "Use only the functions listed above, with their exact names and parameter names. When the "
-                 "request needs several calls, put them all in the list.\n")
+                 "request needs several calls, put them all in the list; when none of the functions does what "
+                 "is asked, reply [].\n")
 
     def present(self, files: Mapping[str, str]) -> bool:
         return self.text.strip() in files.get("user.md", "")
@@ -67,7 +68,7 @@ class CallFormat:
             target_files=("user.md",), operator=self.name,
             change="End the user message with the exact reply format: one JSON list of calls and nothing else, "
                    "one example of the form (an invented function), only the listed functions and parameter "
-                   "names, every call the request needs in the one list.",
+                   "names, every call the request needs in the one list, and [] when none applies.",
             root_cause=inp.root_cause or "Replies are not in a form the harness can read as calls.",
             expected_effect="More replies are a bare JSON list of calls; unparsable calls, invented parameter "
                             "names and missing further calls should drop.",
