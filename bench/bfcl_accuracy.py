@@ -56,6 +56,7 @@ def measure(svc: Any, suite: str, model: str, harness: str | None, limit: int) -
     return {"suite": suite, "model": model, "n": n, "correct": k, "accuracy": k / n if n else 0.0,
             "low": low, "high": high, "calls": len(calls),
             "model_s": round(sum(c.latency_s for c in calls if not c.cache_hit), 1),
+            "cache_hits": sum(1 for c in calls if c.cache_hit),
             "failures": dict(Counter(f.type for f in failures).most_common()),
             "mechanisms": dict(Counter(f"{f.type}: {f.detail.get('mechanism', '')}".rstrip(": ")
                                        for f in failures).most_common()),
@@ -79,6 +80,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rows": rows}
 
 
+def _seconds(row: dict[str, Any]) -> str:
+    """Model seconds per instance of the calls made fresh; a row served from the response cache has
+    none to show (its calls were timed in an earlier run)."""
+    fresh = row["calls"] - row.get("cache_hits", 0)
+    if not fresh:
+        return "cached"
+    share = "" if not row.get("cache_hits") else f" ({fresh} of {row['calls']} calls)"
+    return f"{row['model_s'] / row['n']:.2f}{share}"
+
+
 def _failures(row: dict[str, Any]) -> str:
     return ", ".join(f"{kind} {count}" for kind, count in row["failures"].items()) or "none"
 
@@ -87,11 +98,11 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"Harness `{result['harness']}` on BFCL's single-turn categories: at most {result['limit']} instances "
              f"of each category's {result['split']} split, accuracy with a 95 % Wilson interval, and the failures by "
              f"type in the agent failure taxonomy. Measured {result['when']}.", "",
-             "| model | suite | n | accuracy | 95 % interval | failures by type | model s | load | steal % |",
+             "| model | suite | n | accuracy | 95 % interval | failures by type | model s per instance | load | steal % |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['model']} | {r['suite']} | {r['n']} | {r['accuracy']:.3f} | [{r['low']:.3f}, "
-                     f"{r['high']:.3f}] | {_failures(r)} | {r['model_s']} | {r['load']} | {r['steal_pct']} |")
+                     f"{r['high']:.3f}] | {_failures(r)} | {_seconds(r)} | {r['load']} | {r['steal_pct']} |")
     return "\n".join(lines) + "\n"
 
 
