@@ -69,3 +69,33 @@ def test_throughput_benchmark_quick_mode_measures_engine_and_raw(tmp_path: Path)
     engine, raw = single["engine_rounds"][0]["completion_tokens"], single["raw_rounds"][0]["completion_tokens"]
     assert abs(engine - raw) <= 0.25 * engine
     assert "| smollm2 | single |" in (tmp_path / "embedded_throughput.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_bfcl_benchmark_counts_failures_in_the_agent_taxonomy(tmp_path: Path) -> None:
+    """Two BFCL entries on SmolLM2 through the benchmark: every failure it counts has an agent
+    type, and the table it writes shows the interval and the types."""
+    from ecdysis.suites.bfcl import is_fetched
+    if not is_fetched():
+        pytest.skip("the BFCL data is not fetched (scripts/fetch_bfcl.py)")
+    done = subprocess.run([sys.executable, "bench/bfcl_accuracy.py", "--models", "smollm2", "--suites", "bfcl-simple",
+                           "--limit", "2", "--out", str(tmp_path), "--home", str(tmp_path / "home")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "bfcl_accuracy.json").read_text())
+    (row,) = result["rows"]
+    assert row["n"] == 2 and sum(row["failures"].values()) == row["n"] - row["correct"]
+    from ecdysis.failures import AGENT_TYPES
+    assert set(row["failures"]) <= set(AGENT_TYPES) | {"exception", "timeout", "crash", "model_error"}
+    assert "| smollm2 | bfcl-simple | 2 |" in (tmp_path / "bfcl_accuracy.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_cli_startup_benchmark_times_each_light_command(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "bench/cli_startup.py", "--repeats", "1", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "cli_startup.json").read_text())["rows"]
+    assert [r["command"] for r in rows] == ["python -c pass", "ecdysis --help", "ecdysis settings", "ecdysis runs",
+                                            "ecdysis harnesses", "ecdysis proposals"]
+    assert all(r["wall_s"] > 0 and r["peak_mb"] > 0 for r in rows)
