@@ -12,10 +12,10 @@ from app import diffview, views
 from app.guard import error_text, shown_errors
 from app.state import remember, remembered
 from app.text import code, md
-from app.tool_calls import ToolCallsView, calls_target, tool_calls_view
+from app.tool_calls import ToolCallsView, tool_calls_view
 from ecdysis.diffs import FileDiff
 from ecdysis.errors import NotFound
-from ecdysis.failures import is_agent_instance
+from ecdysis.failures import calls_target, is_agent_instance
 from ecdysis.records import Instance, InstanceResult, RunRecord
 from ecdysis.service import Service
 from ecdysis.store import JobRecord

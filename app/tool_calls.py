@@ -77,18 +77,6 @@ class ToolCallsView:
         return f"{rule}: {self.detail}" if self.detail else rule
 
 
-def calls_target(target: str | None) -> bool:
-    """Whether a stored target reads as a list of expected calls: the cheap test, made before a
-    suite is loaded to find the instance, that rules out every text-answer result."""
-    text = (target or "").strip()
-    if not text.startswith("["):
-        return False
-    try:
-        return isinstance(json.loads(text), list)
-    except ValueError:
-        return False
-
-
 def tool_calls_view(answer: str | None, instance: Instance) -> ToolCallsView | None:
     """The view of `answer` on `instance`, None when the instance is not an agent instance
     (`failures.is_agent_instance`). A suite whose target and function docs disagree raises the

@@ -387,13 +387,18 @@ def is_agent_instance(instance: Instance) -> bool:
     """An instance whose answer is function calls: it gives function docs in fields["functions"]
     and its target is a JSON list of expected calls (the `bfcl_ast` scorer's contract). A
     multi-turn instance is not one (`is_multi_turn_instance`): its answer is a record of turns."""
-    if not isinstance(instance.fields.get("functions"), list) or is_multi_turn_instance(instance):
-        return False
-    target = instance.target.strip()
-    if not target.startswith("["):
+    return (isinstance(instance.fields.get("functions"), list) and not is_multi_turn_instance(instance)
+            and calls_target(instance.target))
+
+
+def calls_target(target: str | None) -> bool:
+    """Whether a target reads as a JSON list of expected calls (cheap enough to test on a stored
+    result before any suite is loaded)."""
+    text = (target or "").strip()
+    if not text.startswith("["):
         return False
     try:
-        return isinstance(json.loads(target), list)
+        return isinstance(json.loads(text), list)
     except ValueError:
         return False
 

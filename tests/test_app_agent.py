@@ -21,12 +21,13 @@ import pytest
 
 import hostile_world
 from app import views
-from app.tool_calls import calls_target, expected_rows, tool_calls_view
+from app.tool_calls import expected_rows, tool_calls_view
+from ecdysis.failures import calls_target
 from ecdysis.failures import FAILURE_TITLES
 from ecdysis.models.registry import register_backend
 from ecdysis.models.scripted import Rule, ScriptedBackend
 from ecdysis.records import Instance
-from ecdysis.service import RunRequest, Service
+from ecdysis.service import RunRequest
 from test_app_inert import _markdown_bodies, live_markup
 from test_app_pages import assert_clean, by_label, open_page, open_service, texts
 
