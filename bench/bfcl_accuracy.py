@@ -95,9 +95,12 @@ def _failures(row: dict[str, Any]) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"Harness `{result['harness']}` on BFCL's single-turn categories: at most {result['limit']} instances "
-             f"of each category's {result['split']} split, accuracy with a 95 % Wilson interval, and the failures by "
-             f"type in the agent failure taxonomy. Measured {result['when']}.", "",
+    suites = list(dict.fromkeys(r["suite"].removeprefix("bfcl-") for r in result["rows"]))
+    versions = Counter(r["harness"] for r in result["rows"])
+    stored = ", ".join(f"`{v}` ({n} rows)" for v, n in versions.items()) if len(versions) > 1 else f"`{next(iter(versions), '')}`"
+    lines = [f"Harness `{result['harness']}` on BFCL's {', '.join(suites)}: at most {result['limit']} instances of "
+             f"each category's {result['split']} split, accuracy with a 95 % Wilson interval, and the failures by type "
+             f"in the agent failure taxonomy. Stored harness version {stored}. Measured {result['when']}.", "",
              "| model | suite | n | accuracy | 95 % interval | failures by type | model s per instance | load | steal % |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
