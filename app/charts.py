@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 
 from app.text import chart
 from app.views import MapPoint, StrategyStats, clusters, cluster_title
+from ecdysis.evolution_log import IterationRow
 
 VERDICT_COLORS: dict[str, str] = {"harness-level": "#c53948", "model-specific": "#e0a030", "noise": "#9a968c"}
 STRATEGY_COLORS: dict[str, str] = {"ecdysis": "#c53948", "per-instance": "#3b6fb6"}
@@ -114,7 +115,7 @@ def failure_map_figure(points: Sequence[MapPoint], height: int = 320) -> go.Figu
     return _layout(fig, height=height, title="Failure map (TF-IDF + SVD of the evidence)")
 
 
-def evolution_curves(series: Sequence[tuple[str, str, Sequence[Mapping[str, Any]], float | None]],
+def evolution_curves(series: Sequence[tuple[str, str, Sequence[IterationRow], float | None]],
                      height: int = 340, base: float | None = None) -> go.Figure:
     """Validation accuracy per iteration for each evolution, and its held-out test accuracy as a
     final marker. `series` holds (name, strategy, iteration rows, test accuracy); `base`, the
@@ -125,13 +126,13 @@ def evolution_curves(series: Sequence[tuple[str, str, Sequence[Mapping[str, Any]
     last_x = 0
     for i, (name, strategy, rows, test) in enumerate(series):
         color = STRATEGY_COLORS.get(strategy, PALETTE[(i + 2) % len(PALETTE)])
-        xs = [int(r.get("iteration") or i) for i, r in enumerate(rows, start=1)]
-        ys = [r.get("val_accuracy") for r in rows]
+        xs = [r.iteration or i for i, r in enumerate(rows, start=1)]
+        ys = [r.val_accuracy for r in rows]
         if base is not None:
             xs, ys = [0, *xs], [base, *ys]
         fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=f"{name} validation",
                         line={"color": color, "width": 2.5}, marker={"size": 9})
-        train = [r.get("train_accuracy") for r in rows]
+        train = [r.train_accuracy for r in rows]
         if any(t is not None for t in train):
             fig.add_scatter(x=[x for x in xs if x > 0], y=train, mode="lines+markers",
                             name=f"{name} train batch", line={"color": color, "width": 1, "dash": "dot"})

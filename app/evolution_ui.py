@@ -28,21 +28,23 @@ def _status(svc: Service, evo: EvolutionRecord) -> None:
     gate = "auto-approve" if evo.config.get("auto_approve") else "human gate"
     st.markdown(f"**{evo.strategy}** on **{ui.md(evo.suite)}** with {ui.md(', '.join(evo.models))} · {gate} · "
                 f"status **{evo.status}** · {views.evolution_where(evo)}")
-    cursor = evo.result.get("cursor", {})
-    if evo.status == "waiting" or cursor.get("phase") == "gate":
-        pending = [p for p in svc.proposals(status="pending") if p.diagnosis_id == cursor.get("diagnosis_id")]
+    outcome = evo.outcome
+    cursor = outcome.cursor
+    if evo.status == "waiting" or cursor.phase == "gate":
+        pending = [p for p in svc.proposals(status="pending") if p.diagnosis_id == cursor.diagnosis_id]
         if pending and not evo.config.get("auto_approve"):
             st.warning(f"Waiting for your decision on {len(pending)} proposal(s).", icon=":material/pending_actions:")
             ui.page_link("review", "Decide on the Review page", ":material/rate_review:")
-    if evo.result.get("stopped"):
-        st.caption(ui.md(evo.result["stopped"]))
+    if outcome.stopped:
+        st.caption(ui.md(outcome.stopped))
 
 
 def _body(svc: Service, evo: EvolutionRecord) -> None:
     _status(svc, evo)
     stats = views.strategy_stats(evo)
     cols = st.columns(5)
-    cols[0].metric("iterations done", len(evo.iterations))
+    rows = evo.rows
+    cols[0].metric("iterations done", len(rows))
     cols[1].metric("final validation", views.pct(stats.final_val))
     delta = views.points_delta(stats.test_accuracy, stats.base_test_accuracy)
     cols[2].metric("test (sealed)", views.pct(stats.test_accuracy), delta=delta.text if delta else None,
@@ -50,9 +52,9 @@ def _body(svc: Service, evo: EvolutionRecord) -> None:
                    delta_arrow="auto" if delta and delta.moved else "off")
     cols[3].metric("training time", f"{stats.train_seconds:.0f} s")
     cols[4].metric("model calls", stats.model_calls)
-    if evo.iterations:
+    if rows:
         gates = views.gate_rows(evo, svc.harnesses())
-        st.plotly_chart(charts.evolution_curves([(evo.id, evo.strategy, evo.iterations, stats.test_accuracy)],
+        st.plotly_chart(charts.evolution_curves([(evo.id, evo.strategy, rows, stats.test_accuracy)],
                                                 base=_base_accuracy(gates)),
                         key=f"curve:{evo.id}", config={"displayModeBar": False})
         st.dataframe(views.iteration_rows(evo), hide_index=True, width="stretch")
@@ -163,8 +165,8 @@ def compare(svc: Service, evos: list[EvolutionRecord]) -> None:
                "'side by side' are charged for cached answers too, so neither rides on the other's calls.")
     if (ea.suite, sorted(ea.models)) != (eb.suite, sorted(eb.models)):
         st.warning("These evolutions ran on different suites or models; the numbers are not a fair comparison.")
-    series = [(f"ecdysis {ea.id[:6]}", "ecdysis", ea.iterations, result.ecdysis.test_accuracy),
-              (f"{eb.strategy} {eb.id[:6]}", eb.strategy, eb.iterations, result.baseline.test_accuracy)]
+    series = [(f"ecdysis {ea.id[:6]}", "ecdysis", ea.rows, result.ecdysis.test_accuracy),
+              (f"{eb.strategy} {eb.id[:6]}", eb.strategy, eb.rows, result.baseline.test_accuracy)]
     harnesses = svc.harnesses()
     base = _base_accuracy(views.gate_rows(ea, harnesses)) or _base_accuracy(views.gate_rows(eb, harnesses))
     st.plotly_chart(charts.evolution_curves(series, base=base), key="cmp:curves", config={"displayModeBar": False})

@@ -399,21 +399,23 @@ def cluster_titles(diagnoses: Iterable[DiagnosisRecord], width: int = 50) -> dic
 
 def evolution_of(proposal: ProposalRecord, evolutions: Iterable[EvolutionRecord]) -> EvolutionRecord | None:
     """The evolution whose diagnosis produced this proposal (it applies the proposal itself)."""
-    return next((e for e in evolutions if proposal.diagnosis_id in e.result.get("diagnoses", [])), None)
+    return next((e for e in evolutions if proposal.diagnosis_id in e.outcome.diagnoses), None)
 
 
 def evolution_iteration_of(proposal: ProposalRecord, evolution: EvolutionRecord) -> str:
     """The iteration of `evolution` whose diagnosis made the proposal ('?' when not recorded)."""
-    for row in evolution.iterations:
-        if row.get("diagnosis_id") == proposal.diagnosis_id:
-            return str(row.get("iteration"))
-    cursor = evolution.result.get("cursor", {})
-    return str(cursor.get("iteration", "?")) if cursor.get("diagnosis_id") == proposal.diagnosis_id else "?"
+    for row in evolution.rows:
+        if row.diagnosis_id == proposal.diagnosis_id:
+            return str(row.iteration)
+    cursor = evolution.outcome.cursor
+    if cursor.diagnosis_id == proposal.diagnosis_id and cursor.iteration is not None:
+        return str(cursor.iteration)
+    return "?"
 
 
 def applied_version(proposal_id: str, harnesses: Iterable[HarnessVersion]) -> HarnessVersion | None:
     return next((h for h in harnesses
-                 if any(a.get("proposal_id") == proposal_id for a in h.metrics.get("applied", []))), None)
+                 if any(a.proposal_id == proposal_id for a in h.measured.applied)), None)
 
 
 # ---------------------------------------------------------------- evolutions
@@ -421,15 +423,14 @@ def applied_version(proposal_id: str, harnesses: Iterable[HarnessVersion]) -> Ha
 def evolution_label(e: EvolutionRecord) -> str:
     planned = e.config.get("iterations", "?")
     return (f"{e.id} · {e.strategy} · {e.suite} · {', '.join(e.models)} · {e.status} · "
-            f"{len(e.iterations)}/{planned} iterations")
+            f"{len(e.rows)}/{planned} iterations")
 
 
 def iteration_rows(e: EvolutionRecord) -> list[dict[str, Any]]:
-    return [{"iteration": r.get("iteration"), "train acc": r.get("train_accuracy"),
-             "validation acc": r.get("val_accuracy"), "proposals": r.get("proposals"),
-             "applied": r.get("applied"), "rolled back": r.get("rolled_back"), "gate": r.get("gate"),
-             "model calls": r.get("model_calls"), "tokens": r.get("tokens"), "seconds": r.get("wall_seconds"),
-             "version": short(r.get("harness_version"))} for r in e.iterations]
+    return [{"iteration": r.iteration, "train acc": r.train_accuracy, "validation acc": r.val_accuracy,
+             "proposals": r.proposals, "applied": r.applied, "rolled back": r.rolled_back, "gate": r.gate,
+             "model calls": r.model_calls, "tokens": r.tokens, "seconds": r.wall_seconds,
+             "version": short(r.harness_version)} for r in e.rows]
 
 
 @dataclass(frozen=True)
@@ -447,15 +448,15 @@ class StrategyStats:
 
 
 def strategy_stats(e: EvolutionRecord) -> StrategyStats:
-    spent = e.result.get("spent") or {}
-    vals = [r.get("val_accuracy") for r in e.iterations if r.get("val_accuracy") is not None]
+    out, rows = e.outcome, e.rows
+    vals = [r.val_accuracy for r in rows if r.val_accuracy is not None]
     return StrategyStats(
         evolution_id=e.id, strategy=e.strategy,
-        train_seconds=round(sum(float(r.get("wall_seconds") or 0.0) for r in e.iterations), 2),
-        model_calls=int(spent.get("calls") or sum(int(r.get("model_calls") or 0) for r in e.iterations)),
-        tokens=int(spent.get("tokens") or sum(int(r.get("tokens") or 0) for r in e.iterations)),
-        final_val=vals[-1] if vals else None, test_accuracy=e.result.get("test_accuracy"),
-        base_test_accuracy=e.result.get("base_test_accuracy"))
+        train_seconds=round(sum(r.wall_seconds for r in rows), 2),
+        model_calls=out.spent.calls or sum(r.model_calls for r in rows),
+        tokens=out.spent.tokens or sum(r.tokens for r in rows),
+        final_val=vals[-1] if vals else None, test_accuracy=out.test_accuracy,
+        base_test_accuracy=out.base_test_accuracy)
 
 
 @dataclass(frozen=True)
@@ -524,12 +525,12 @@ def points_delta(new: float | None, base: float | None, what: str = "vs base") -
 def evolution_where(e: EvolutionRecord) -> str:
     """Where an evolution's cursor stands, in words: past its last iteration it is scoring the
     sealed test split, not in an iteration beyond the plan."""
-    cursor = e.result.get("cursor", {})
-    phase, iteration = cursor.get("phase"), cursor.get("iteration")
+    cursor = e.outcome.cursor
+    phase, iteration = cursor.phase, cursor.iteration
     planned = e.config.get("iterations")
     if phase == "finished":
         return "finished"
-    if phase == "test" or (isinstance(iteration, int) and isinstance(planned, int) and iteration > planned):
+    if phase == "test" or (iteration is not None and isinstance(planned, int) and iteration > planned):
         return "all iterations done, scoring the sealed test split"
     return f"iteration {iteration if iteration is not None else '—'}/{planned or '?'}, phase {phase or '—'}"
 
@@ -569,31 +570,26 @@ def gate_rows(e: EvolutionRecord, harnesses: Iterable[HarnessVersion]) -> list[G
     by_id = {h.id: h for h in harnesses}
     needed = gate_threshold(e.config)
     rows = []
-    for r in e.iterations:
-        steps = [st for st in r.get("steps", []) if st.get("verdict")]
+    for r in e.rows:
+        steps = [st for st in r.steps or () if st.verdict is not None]
+        for step in steps:
+            v = step.verdict
+            assert v is not None
+            what = ", ".join(c.operator or c.proposal_id for c in step.changes)
+            rows.append(GateRow(r.iteration, v.parent_accuracy, v.candidate_accuracy, v.wins, v.losses, v.n, needed,
+                                "kept" if step.kept else "rolled back",
+                                f"{what}: {v.reason}" if what else v.reason))
         if steps:
-            for step in steps:
-                v = step["verdict"]
-                what = ", ".join(str(c.get("operator") or c.get("proposal_id")) for c in step.get("changes", []))
-                rows.append(GateRow(int(r.get("iteration") or 0), v.get("parent_accuracy"), v.get("candidate_accuracy"),
-                                    v.get("wins"), v.get("losses"), v.get("n"), needed,
-                                    "kept" if step.get("kept") else "rolled back",
-                                    f"{what}: {v.get('reason', '')}" if what else str(v.get("reason", ""))))
             continue
-        if r.get("steps") is not None:
-            rows.append(GateRow(int(r.get("iteration") or 0), None, None, None, None, None, needed,
-                                "no candidate", str(r.get("gate") or "")))
+        # Rows written before steps were stored keep their verdict with the candidate version.
+        cand = by_id.get(r.candidate_version or "") if r.steps is None else None
+        verdict = cand.measured.gate if cand else None
+        if verdict is None:
+            rows.append(GateRow(r.iteration, None, None, None, None, None, needed, "no candidate", r.gate))
             continue
-        cand = by_id.get(str(r.get("candidate_version") or ""))
-        verdict = (cand.metrics.get("gate") if cand else None) or {}
-        if not verdict:
-            rows.append(GateRow(int(r.get("iteration") or 0), None, None, None, None, None, needed,
-                                "no candidate", str(r.get("gate") or "")))
-            continue
-        rows.append(GateRow(int(r.get("iteration") or 0), verdict.get("parent_accuracy"),
-                            verdict.get("candidate_accuracy"), verdict.get("wins"), verdict.get("losses"),
-                            verdict.get("n"), needed, "kept" if verdict.get("accepted") else "rolled back",
-                            str(verdict.get("reason", ""))))
+        rows.append(GateRow(r.iteration, verdict.parent_accuracy, verdict.candidate_accuracy, verdict.wins,
+                            verdict.losses, verdict.n, needed, "kept" if verdict.accepted else "rolled back",
+                            verdict.reason))
     return rows
 
 
@@ -601,21 +597,20 @@ def change_rows(e: EvolutionRecord) -> list[dict[str, Any]]:
     """Every proposal of every iteration with its predicted effect beside what it measurably did:
     screened alone on its cluster (paired wins and losses, calls per instance), then validated."""
     rows = []
-    for r in e.iterations:
-        measured = {c["proposal_id"]: c for st in r.get("steps", []) for c in st.get("changes", [])}
-        for h in r.get("history", []):
-            c = measured.get(h["proposal_id"], {})
-            sc, val = c.get("screened") or {}, c.get("measured") or {}
+    for r in e.rows:
+        measured = {c.proposal_id: c for st in r.steps or () for c in st.changes}
+        for h in r.history:
+            c = measured.get(h.proposal_id)
+            sc, val = (c.screened, c.measured) if c else (None, None)
             rows.append({
-                "iteration": r.get("iteration"), "proposal": h["proposal_id"], "operator": h.get("operator") or "edit",
-                "predicted": (c.get("predicted") or "")[:160] or None,
-                "screened": (f"net {sc['net']:+d} ({sc['wins']} won, {sc['losses']} lost of {sc['n']})"
-                             if sc.get("n") is not None and "net" in sc else None),
-                "calls/instance": (f"{sc.get('parent_calls', 0):g} → {sc.get('candidate_calls', 0):g}"
-                                   if "candidate_calls" in sc else None),
-                "validated": (f"{100 * val['val_delta']:+.1f} pts ({val['wins']} won, {val['losses']} lost)"
-                              if "val_delta" in val else None),
-                "outcome": str(h.get("outcome", "")).replace("_", " "), "why": h.get("why") or None})
+                "iteration": r.iteration, "proposal": h.proposal_id, "operator": h.operator or "edit",
+                "predicted": (c.predicted[:160] if c else "") or None,
+                "screened": (f"net {sc.net:+d} ({sc.wins} won, {sc.losses} lost of {sc.n})"
+                             if sc and sc.n is not None and sc.net is not None else None),
+                "calls/instance": (f"{sc.parent_calls or 0:g} → {sc.candidate_calls:g}"
+                                   if sc and sc.candidate_calls is not None else None),
+                "validated": (f"{100 * val.val_delta:+.1f} pts ({val.wins} won, {val.losses} lost)" if val else None),
+                "outcome": h.outcome.replace("_", " "), "why": h.why or None})
     return rows
 
 
@@ -642,9 +637,9 @@ def validation_scores(harnesses: Iterable[HarnessVersion], runs: Iterable[RunRec
         if run.split == "validation" and run.status == "done" and isinstance(acc, (int, float)):
             scores[run.harness_version] = float(acc)
     for h in harnesses:
-        val = h.metrics.get("val_accuracy")
-        if isinstance(val, (int, float)):
-            scores[h.id] = float(val)
+        val = h.measured.val_accuracy
+        if val is not None:
+            scores[h.id] = val
     return scores
 
 

@@ -132,7 +132,7 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
     seeds = sorted({s for _, s in evos})
     strategies = sorted({k for k, _ in evos}, key=STRATEGIES.index)
     out: dict[str, Any] = {"seeds": seeds, "base_val_accuracy": start, "strategies": {}, "comparison": {}}
-    tests = {key: outcomes(svc, evo.result.get("test_runs", [])) for key, evo in evos.items()}
+    tests = {key: outcomes(svc, list(evo.outcome.test_runs)) for key, evo in evos.items()}
     curves = {key: curve(evo, start) for key, evo in evos.items()}
     for name in strategies:
         per_seed = [list(tests[(name, s)].values()) for s in seeds if (name, s) in tests]
@@ -140,14 +140,14 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
         runs = [evos[(name, s)] for s in seeds if (name, s) in evos]
         out["strategies"][name] = {
             "test_accuracy": {"mean": m, "ci95": ci},
-            "base_test_accuracy": mean([e.result.get("base_test_accuracy") for e in runs]),
+            "base_test_accuracy": mean([e.outcome.base_test_accuracy for e in runs]),
             "final_val_accuracy": mean([curves[(name, s)][-1].val_accuracy for s in seeds if (name, s) in curves]),
-            "model_calls": mean([e.result.get("spent", {}).get("calls") for e in runs]),
-            "model_seconds": mean([e.result.get("spent", {}).get("seconds") for e in runs]),
-            "iterations": mean([len(e.iterations) for e in runs]),
-            "kept_changes": mean([sum(r.get("kept", 0) for r in e.iterations) for e in runs]),
+            "model_calls": mean([e.outcome.spent.calls for e in runs]),
+            "model_seconds": mean([e.outcome.spent.seconds for e in runs]),
+            "iterations": mean([len(e.rows) for e in runs]),
+            "kept_changes": mean([sum(r.kept for r in e.rows) for e in runs]),
             "evolutions": [e.id for e in runs],
-            "per_seed": {str(s): {"test_accuracy": evos[(name, s)].result.get("test_accuracy"),
+            "per_seed": {str(s): {"test_accuracy": evos[(name, s)].outcome.test_accuracy,
                                   "curve": [p.__dict__ for p in curves[(name, s)]]}
                          for s in seeds if (name, s) in evos}}
     for base in [b for b in BASELINES if b in strategies and "ecdysis" in strategies]:

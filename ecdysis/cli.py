@@ -325,8 +325,8 @@ def evolve(
 def evolutions(as_json: bool = typer.Option(False, "--json")) -> None:
     """List stored evolutions, newest first (resume one with `ecdysis evolve --resume ID`)."""
     rows = [{"evolution_id": e.id, "strategy": e.strategy, "suite": e.suite, "models": e.models, "status": e.status,
-             "iterations": len(e.iterations), "current_version": e.current_version,
-             "stopped": e.result.get("stopped")} for e in _service().evolutions()]
+             "iterations": len(e.rows), "current_version": e.current_version,
+             "stopped": e.outcome.stopped} for e in _service().evolutions()]
     if as_json:
         _emit_json(rows)
         return

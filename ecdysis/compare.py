@@ -29,31 +29,29 @@ class Point:
 
 def start_accuracy(evo: EvolutionRecord) -> float | None:
     """The validation accuracy the evolution started from: the parent side of its first gate."""
-    for row in evo.iterations:
-        for step in row.get("steps", []):
-            if step.get("verdict"):
-                return float(step["verdict"]["parent_accuracy"])
-        gate = row.get("val_accuracy")
-        if gate is not None and not row.get("steps"):  # rows of older versions: no steps recorded
+    for row in evo.rows:
+        for step in row.steps or ():
+            if step.verdict is not None:
+                return step.verdict.parent_accuracy
+        if row.val_accuracy is not None and not row.steps:  # rows of older versions: no steps recorded
             return None
     return None
 
 
 def curve(evo: EvolutionRecord, start: float) -> list[Point]:
     points, calls, seconds, acc = [Point(0, 0.0, start)], 0, 0.0, start
-    for row in evo.iterations:
-        for step in row.get("steps", []):
+    for row in evo.rows:
+        for step in row.steps or ():
             # A kept change is the evolution's version from the moment its gate said so, not from the
             # end of its iteration (which may validate further changes).
-            spent = step.get("spent")
-            if step.get("kept") and spent and step.get("verdict"):
-                acc = float(step["verdict"]["candidate_accuracy"])
-                points.append(Point(calls + int(spent["calls"]), round(seconds + float(spent["seconds"]), 3), acc))
-        calls += int(row.get("model_calls") or 0)
+            if step.kept and step.verdict is not None and step.spent is not None:
+                acc = step.verdict.candidate_accuracy
+                points.append(Point(calls + step.spent.calls, round(seconds + step.spent.seconds, 3), acc))
+        calls += row.model_calls
         # Rows stored before model seconds were charged count their working time instead.
-        seconds += float(row["model_seconds"] if row.get("model_seconds") is not None else row.get("wall_seconds") or 0.0)
-        if row.get("val_accuracy") is not None:
-            acc = float(row["val_accuracy"])
+        seconds += row.model_seconds if row.model_seconds is not None else row.wall_seconds
+        if row.val_accuracy is not None:
+            acc = row.val_accuracy
         points.append(Point(calls, round(seconds, 3), acc))
     return points
 

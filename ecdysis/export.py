@@ -80,7 +80,7 @@ def build_manifest(store: Store, version: HarnessVersion, extra: dict[str, Any] 
         "lineage": [{"id": v.id, "parent": v.parent, "status": v.status, "note": v.note,
                      "created_at": v.created_at, "metrics": v.metrics} for v in chain],
         "applied_specifications": [m for v in reversed(chain) for m in v.metrics.get("applied", [])],
-        "models": sorted({m for v in chain for m in v.metrics.get("models", [])}),
+        "models": sorted({m for v in chain for m in v.measured.models}),
         **(extra or {}),
     }
 

@@ -6,31 +6,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
 from ecdysis.errors import Conflict, InputError, NotFound
+from ecdysis.evolution_log import GateVerdict
 from ecdysis.harness import validate_files
 from ecdysis.lifecycle import DECIDED, can_move
 from ecdysis.records import InstanceResult
 from ecdysis.store import DecisionKind, DecisionRecord, ProposalRecord, Store
 
 PairKey = tuple[str, str]  # (model, instance_id)
-
-
-@dataclass(frozen=True)
-class GateVerdict:
-    accepted: bool
-    reason: str
-    wins: int          # instances the candidate gets right and the parent wrong
-    losses: int        # the reverse: regressions
-    n: int             # paired instances compared
-    parent_accuracy: float
-    candidate_accuracy: float
-    policy: str
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def paired(parent: dict[PairKey, bool], candidate: dict[PairKey, bool]) -> tuple[list[PairKey], int, int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from ecdysis.evolution_log import EvolutionOutcome, IterationRow, VersionMetrics
 from ecdysis.records import Completion, InstanceResult, RunRecord, Suite
 
 
@@ -21,6 +22,11 @@ class HarnessVersion:
     created_at: float = 0.0
     status: str = "candidate"  # candidate | accepted | rolled_back | rejected | imported | starter
     metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def measured(self) -> VersionMetrics:
+        """`metrics` as a typed record (what readers use; the engine writes `metrics`)."""
+        return VersionMetrics.parse(self.metrics)
 
 
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
@@ -101,6 +107,16 @@ class EvolutionRecord:
     result: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
     updated_at: float = 0.0
+
+    # The engine keeps `iterations` and `result` as JSON it can resume from; readers take them
+    # typed (`ecdysis.evolution_log`).
+    @property
+    def rows(self) -> list[IterationRow]:
+        return [IterationRow.parse(r) for r in self.iterations]
+
+    @property
+    def outcome(self) -> EvolutionOutcome:
+        return EvolutionOutcome.parse(self.result)
 
 
 @dataclass
