@@ -99,3 +99,31 @@ def test_the_cli_startup_benchmark_times_each_light_command(tmp_path: Path) -> N
     assert [r["command"] for r in rows] == ["python -c pass", "ecdysis --help", "ecdysis settings", "ecdysis runs",
                                             "ecdysis harnesses", "ecdysis proposals"]
     assert all(r["wall_s"] > 0 and r["peak_mb"] > 0 for r in rows)
+
+
+def test_the_paired_test_delta_counts_won_and_lost_outcomes() -> None:
+    from bfcl_evolution import paired_delta
+    base = {("m", f"i{i}"): i < 5 for i in range(10)}             # 5 of 10 right
+    final = {("m", f"i{i}"): i < 7 and i != 0 for i in range(10)}  # i0 lost, i5 and i6 won
+    d = paired_delta(base, {**final, ("m", "only-final"): True})
+    assert (d["n"], d["won"], d["lost"]) == (10, 2, 1) and d["mean"] == pytest.approx(0.1)
+    assert d["ci95"][0] <= 0.1 <= d["ci95"][1] and d["ci95"][0] < 0 < d["ci95"][1]
+    assert paired_delta(base, base)["ci95"] == [0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_the_bfcl_evolution_benchmark_reports_each_iteration_and_the_paired_test(tmp_path: Path) -> None:
+    """One tiny evolution on BFCL with SmolLM2: the table shows what each iteration tried and the
+    sealed test paired against the starter."""
+    from ecdysis.suites.bfcl import is_fetched
+    if not is_fetched():
+        pytest.skip("the BFCL data is not fetched (scripts/fetch_bfcl.py)")
+    done = subprocess.run([sys.executable, "bench/bfcl_evolution.py", "--models", "smollm2", "--iterations", "1",
+                           "--batch-size", "4", "--val-limit", "4", "--test-limit", "4", "--out", str(tmp_path),
+                           "--home", str(tmp_path / "home")], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "bfcl_evolution.json").read_text())
+    assert result["status"] == "done" and [r["iteration"] for r in result["iterations"]] == [1]
+    assert result["test"]["delta"]["n"] == 4 and result["train_calls"] > 0
+    assert all(t["outcome"] for r in result["iterations"] for t in r["tried"])
+    assert "Sealed test (4 paired outcomes)" in (tmp_path / "bfcl_evolution.md").read_text()
