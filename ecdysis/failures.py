@@ -296,7 +296,7 @@ def normalise(text: str, input_text: str, limit: int = SIGNATURE_TOKENS) -> str:
 
 def _last_frame(trace: str) -> tuple[str, str, str] | None:
     """The innermost frame in harness code (file, line, function) from a traceback."""
-    frames = [m for m in _FRAME.findall(trace) if m[0] != "harness_runtime.py"]
+    frames = [m for m in _FRAME.findall(trace) if m[0] not in ("harness_runtime.py", "harness_box.py")]
     return frames[-1] if frames else None
 
 

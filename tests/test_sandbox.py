@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ecdysis.harness import starter_files
-from ecdysis.harness_runtime import OUTPUT_MARK
+from ecdysis.sandbox.harness_box import OUTPUT_MARK
 from ecdysis.sandbox import HarnessWorker, SandboxLimits, WorkerPool
 from ecdysis.sandbox.zygote import OutputTail
 
@@ -155,3 +155,38 @@ def test_model_error_reaches_harness_as_exception() -> None:
         pool.close()
     assert out.error_type == "exception"
     assert "ModelCallError" in (out.error_message or "") and "rate limited" in (out.error_message or "")
+
+
+def test_harness_code_imports_the_runtime_by_name_in_the_box() -> None:
+    """The sandbox loads the harness API as the module `harness_runtime`, so harness code can catch
+    its ModelCallError; the sandbox side (fork server, reaper) is not part of that module."""
+    code = ("import harness_runtime\nfrom harness_runtime import ModelCallError\n"
+            "def solve(task, model, harness):\n"
+            "    assert not hasattr(harness_runtime, 'zygote') and not hasattr(harness_runtime, 'serve')\n"
+            "    try:\n        return model.generate([{'role': 'user', 'content': 'hi'}]).text\n"
+            "    except ModelCallError as exc:\n        return 'fallback: ' + str(exc)\n")
+    pool = WorkerPool(files_with(code), FAST)
+    try:
+        out = pool.solve(TASK, lambda request: {"op": "model_error", "message": "rate limited"})
+    finally:
+        pool.close()
+    assert out.error_type is None, out.error_message
+    assert out.answer == "fallback: rate limited"
+
+
+def test_the_exported_runtime_runs_alone_and_carries_no_sandbox_code(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from ecdysis.harness import write_dir
+    from ecdysis.sandbox import RUNTIME
+    text = RUNTIME.read_text()
+    assert "def zygote" not in text and "setresuid" not in text and "recv_fds" not in text
+    write_dir(files_with("from harness_runtime import Reply\ndef solve(task, model, harness):\n"
+                         "    return Reply.__module__\n"), tmp_path / "harness")
+    (tmp_path / "run.py").write_text(text)
+    (tmp_path / "tasks.jsonl").write_text('{"input": "x"}\n')
+    done = subprocess.run([sys.executable, "run.py", "tasks.jsonl"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert '"answer": "__main__"' in done.stdout

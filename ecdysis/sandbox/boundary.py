@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from ecdysis.errors import ConfigError
-from ecdysis.sandbox.limits import (BOX_HOME, BOX_RUNTIME, BOX_WORK, ETC_FILES, RUNTIME, SANDBOX_UID_BASE,
-                                    SANDBOX_UID_SPAN, SandboxLimits, scrubbed_env)
+from ecdysis.sandbox.limits import (BOX_HARNESS_BOX, BOX_HOME, BOX_RUNTIME, BOX_WORK, ETC_FILES, HARNESS_BOX, RUNTIME,
+                                    SANDBOX_UID_BASE, SANDBOX_UID_SPAN, SandboxLimits, scrubbed_env)
 
 log = logging.getLogger("ecdysis.sandbox")
 
@@ -187,9 +187,10 @@ def bwrap_argv(work: Path, limits: SandboxLimits, uid: int | None, runtime_args:
         if hidden.is_dir() and any(hidden.is_relative_to(m) for m in mounted):
             argv += ["--tmpfs", str(hidden)]  # mounted over: the data folder shows as empty
     argv += ["--perms", "0755", "--dir", str(Path(BOX_RUNTIME).parent),
-             "--ro-bind", str(RUNTIME), BOX_RUNTIME, "--proc", "/proc", "--dev", "/dev",
+             "--ro-bind", str(RUNTIME), BOX_RUNTIME, "--ro-bind", str(HARNESS_BOX), BOX_HARNESS_BOX,
+             "--proc", "/proc", "--dev", "/dev",
              "--bind", str(work), BOX_WORK, "--remount-ro", "/", "--chdir", BOX_WORK,
-             "--", sys.executable, "-I", "-S", BOX_RUNTIME]
+             "--", sys.executable, "-I", "-S", BOX_HARNESS_BOX, "--runtime", BOX_RUNTIME]
     return argv + list(runtime_args)
 
 

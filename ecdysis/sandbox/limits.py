@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+# The harness API (also an exported zip's run.py) and the sandbox side that loads it (harness_box.py).
 RUNTIME = Path(__file__).resolve().parent.parent / "harness_runtime.py"
+HARNESS_BOX = Path(__file__).resolve().parent / "harness_box.py"
 
-# Inside the bwrap sandbox: where the runtime, the worker folder and HOME are.
+# Inside the bwrap sandbox: where those two files, the worker folder and HOME are.
 BOX_RUNTIME = "/opt/ecdysis/harness_runtime.py"
+BOX_HARNESS_BOX = "/opt/ecdysis/harness_box.py"
 BOX_WORK = "/sandbox"
 BOX_HOME = "/tmp"
 # A root engine runs each worker's harness code as its own uid from this range (no passwd entry

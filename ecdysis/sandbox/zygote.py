@@ -20,9 +20,9 @@ from typing import Any, Sequence
 
 from ecdysis.errors import ConfigError
 from ecdysis.harness import write_dir
-from ecdysis.harness_runtime import OUTPUT_MARK
 from ecdysis.sandbox.boundary import bwrap_argv, chown_tree, isolation, sandbox_uid
-from ecdysis.sandbox.limits import BOX_HOME, BOX_WORK, RUNTIME, SANDBOX_UID_BASE, SandboxLimits, scrubbed_env
+from ecdysis.sandbox.harness_box import OUTPUT_MARK
+from ecdysis.sandbox.limits import BOX_HOME, BOX_WORK, HARNESS_BOX, RUNTIME, SANDBOX_UID_BASE, SandboxLimits, scrubbed_env
 
 log = logging.getLogger("ecdysis.sandbox")
 
@@ -63,7 +63,7 @@ class OutputTail:
 
 
 class Zygote:
-    """The fork server of one pool (`harness_runtime.zygote`): one sandbox (one bwrap, or one
+    """The fork server of one pool (`harness_box.zygote`): one sandbox (one bwrap, or one
     plain process) holding an interpreter with the runtime loaded, from which every worker of the
     pool is forked. An interpreter start costs about 100 ms of CPU; at concurrency 32 on two cores
     that kept the last slots of a batch waiting over a second for their first instance. A fork
@@ -97,7 +97,7 @@ class Zygote:
             cmd = bwrap_argv(self.root, limits, SANDBOX_UID_BASE if self.uid_range else None, args)
             env = scrubbed_env(BOX_HOME)
         else:
-            cmd = [sys.executable, "-I", "-S", str(RUNTIME), *args]
+            cmd = [sys.executable, "-I", "-S", str(HARNESS_BOX), "--runtime", str(RUNTIME), *args]
             env = scrubbed_env(str(self.root))
         started: list[subprocess.Popen[bytes] | BaseException] = []
         self._release = threading.Event()
