@@ -176,14 +176,14 @@ def _outcome(cluster: Mapping[str, Any], proposal: Mapping[str, Any] | None) -> 
         st.markdown("**Outcome**")
         st.info(ui.md(views.patch_status(cluster)), icon=":material/block:")
         return
-    accepted = proposal.get("status") == "accepted"
+    endorsed = proposal.get("status") in ("endorsed", "accepted")  # "accepted": reports stored before the rename
     st.markdown(f"**Final modification specification** — proposal `{proposal['id']}`, "
-                f"{'accepted by the Critic' if accepted else 'rejected by the Critic'} after "
+                f"{'endorsed by the Critic' if endorsed else 'rejected by the Critic'} after "
                 f"{proposal.get('rounds', 1)} round(s)")
     ui.spec_card(proposal.get("spec", {}))
     if proposal.get("objections"):
         st.markdown("**Critic's objections**\n" + "\n".join(f"- {ui.md(o)}" for o in proposal["objections"]))
-    if accepted:
+    if endorsed:
         remember("proposal", str(proposal["id"]))
         ui.page_link("review", "Review this proposal", ":material/rate_review:")
 

@@ -12,7 +12,7 @@ from ecdysis.errors import EcdysisError
 from ecdysis.service import Service
 from ecdysis.store import HarnessVersion
 
-LEGEND = ("starter: grey · accepted: green · candidate: blue · rolled back: orange, dashed edge · "
+LEGEND = ("starter: grey · kept: green · candidate: blue · rolled back: orange, dashed edge · "
           "rejected: red, dashed · imported: violet · a red dotted note is a proposal a reviewer rejected")
 
 

@@ -588,7 +588,7 @@ def gate_rows(e: EvolutionRecord, harnesses: Iterable[HarnessVersion]) -> list[G
             rows.append(GateRow(r.iteration, None, None, None, None, None, needed, "no candidate", r.gate))
             continue
         rows.append(GateRow(r.iteration, verdict.parent_accuracy, verdict.candidate_accuracy, verdict.wins,
-                            verdict.losses, verdict.n, needed, "kept" if verdict.accepted else "rolled back",
+                            verdict.losses, verdict.n, needed, "kept" if verdict.passed else "rolled back",
                             verdict.reason))
     return rows
 
@@ -654,7 +654,7 @@ def harness_label(h: HarnessVersion, scores: Mapping[str, float] | None = None) 
 
 
 STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (fill colour, edge style)
-    "starter": ("#e8e6e1", "solid"), "accepted": ("#cdebd9", "solid"), "candidate": ("#dbe7fb", "solid"),
+    "starter": ("#e8e6e1", "solid"), "kept": ("#cdebd9", "solid"), "candidate": ("#dbe7fb", "solid"),
     "rolled_back": ("#fde3c8", "dashed"), "rejected": ("#f7d4d7", "dashed"), "imported": ("#e6dcf7", "solid"),
 }
 
@@ -665,7 +665,7 @@ def _dot_text(text: str) -> str:
 
 def lineage_dot(harnesses: Sequence[HarnessVersion], scores: Mapping[str, float],
                 rejected: Sequence[ProposalRecord] = ()) -> str:
-    """Graphviz DOT of the version tree: parent -> child, filled by status (accepted, rolled back,
+    """Graphviz DOT of the version tree: parent -> child, filled by status (kept, rolled back,
     rejected told apart by colour and a dashed edge), each node with its validation score; rejected
     proposals hang off the version they targeted as dotted leaves."""
     known = {h.id for h in harnesses}

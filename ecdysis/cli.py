@@ -270,7 +270,7 @@ def evolve(
     screen_rounds: int = typer.Option(3, min=1, help="screening rounds: while nothing survives screening, "
                                                      "diagnose the batch again with what failed ruled out"),
     passes: int = typer.Option(2, min=1, max=5, help="refinement passes: the first proposes, later ones review "
-                                                     "the accepted specification (regressions, cost, generality)"),
+                                                     "the endorsed specification (regressions, cost, generality)"),
     concurrency: int = typer.Option(1, min=1, max=256),
     max_model_calls: Optional[int] = typer.Option(None, help="stop cleanly after this many model calls"),
     max_tokens: Optional[int] = typer.Option(None, help="stop cleanly after this many tokens"),

@@ -196,7 +196,7 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
     `history` is what earlier iterations of an evolution tried and what became of it (see
     `CaseFile.history`): the roles see it, and a change that was not kept is not proposed again.
     `passes` is the number of refinement passes: pass 1 is Investigator -> Attributor ->
-    Proposer <-> Critic; each later pass reviews the accepted specification (see `Refiner`).
+    Proposer <-> Critic; each later pass reviews the endorsed specification (see `Refiner`).
     `probe` runs the recoverability probe (`ecdysis.probe`) on clusters one model alone shows,
     before refinement, in a whole-batch diagnosis.
     Raises NotFound/InputError for unknown runs."""
@@ -265,7 +265,7 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
         outcome: RefineOutcome = refiner.refine(case)
         entry: dict[str, Any] = {"proposal_id": None, "no_patch_reason": outcome.no_patch_reason}
         if outcome.proposal is not None:
-            twin = next((p for p in proposals if p.status == "accepted" == outcome.proposal.status
+            twin = next((p for p in proposals if p.status == "endorsed" == outcome.proposal.status
                          and p.files == outcome.proposal.files), None)
             if twin is not None:
                 outcomes[cluster.id] = {"proposal_id": twin.id, "status": twin.status, "no_patch_reason": None,
@@ -274,7 +274,7 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
                 continue
             proposals.append(outcome.proposal)
             entry = {"proposal_id": outcome.proposal.id, "status": outcome.proposal.status,
-                     "no_patch_reason": None if outcome.proposal.status == "accepted" else outcome.no_patch_reason}
+                     "no_patch_reason": None if outcome.proposal.status == "endorsed" else outcome.no_patch_reason}
         else:
             entry["transcript"] = [m.to_json() for m in outcome.transcript]
         outcomes[cluster.id] = entry
@@ -282,7 +282,7 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
 
 
 def store_report(store: Store, report: DiagnosisReport) -> DiagnosisRecord:
-    """Persist a report and its proposals (accepted ones as `pending` for the human gate, rejected
+    """Persist a report and its proposals (endorsed ones as `pending` for the human gate, rejected
     ones as `rejected`) in one transaction, returning the stored diagnosis record: a process
     killed meanwhile leaves neither, never a diagnosis without its proposals."""
     record = report.to_record()

@@ -28,7 +28,7 @@ def _pick(cls: type, data: Mapping[str, Any] | None) -> dict[str, Any]:
 class GateVerdict:
     """The paired acceptance gate's verdict on one candidate against its parent."""
 
-    accepted: bool
+    passed: bool       # the candidate beat its parent by more than the noise (and paid for its calls)
     reason: str
     wins: int          # instances the candidate gets right and the parent wrong
     losses: int        # the reverse: regressions
@@ -44,7 +44,8 @@ class GateVerdict:
     def parse(cls, data: Mapping[str, Any] | None) -> GateVerdict | None:
         if not data:
             return None
-        d = {"accepted": False, "reason": "", "wins": 0, "losses": 0, "n": 0, "parent_accuracy": 0.0,
+        d = {"passed": bool(data.get("accepted")),  # rows written before the field was renamed
+             "reason": "", "wins": 0, "losses": 0, "n": 0, "parent_accuracy": 0.0,
              "candidate_accuracy": 0.0, "policy": "", **_pick(cls, data)}
         return cls(**d)
 

@@ -217,7 +217,7 @@ class Evolver:
             # candidate is this iteration's one step.
             cur["queue"], cur["step"] = [list(cur["proposal_ids"])], 0
             if phase == "record" and cur.get("candidate"):
-                self._finish_step(evo, cur, GateVerdict(**cur["verdict"]) if cur.get("verdict") else None)
+                self._finish_step(evo, cur, GateVerdict.parse(cur.get("verdict")))
         # What this phase spends, counted from its start over every process that worked on it.
         cur.setdefault("phase_spent_start", self._spent())
         if phase == "train":
@@ -272,9 +272,9 @@ class Evolver:
             self._validate(evo, cfg, cur, budget)
             cur["phase"] = "judge"
         elif phase == "judge":
-            verdict = GateVerdict(**cur["verdict"])
+            verdict = GateVerdict.parse(cur["verdict"])
             self._finish_step(evo, cur, verdict)
-            cur["phase"] = "rescreen" if plan.screens and verdict.accepted else "apply"
+            cur["phase"] = "rescreen" if plan.screens and verdict is not None and verdict.passed else "apply"
         elif phase == "rescreen":
             self._rescreen(evo, cfg, cur, budget)
             cur["phase"] = "apply"
@@ -704,17 +704,17 @@ class Evolver:
         keys = sorted(set(before) & set(after))
         verdict = cfg.policy().judge({k: before[k].correct for k in keys}, {k: after[k].correct for k in keys})
         cost = call_cost(before, after, keys)
-        if verdict.accepted:
+        if verdict.passed:
             short = cost_shortfall(verdict.candidate_accuracy - verdict.parent_accuracy, cost["extra_calls"],
                                    cfg.min_gain_per_call)
             if short:
-                verdict = replace(verdict, accepted=False, reason=f"{verdict.reason}, but {short}")
+                verdict = replace(verdict, passed=False, reason=f"{verdict.reason}, but {short}")
         cur["verdict"] = verdict.to_json()
         cur["verdict_cost"] = cost
 
     def _finish_step(self, evo: EvolutionRecord, cur: dict[str, Any], verdict: GateVerdict | None) -> None:
         """Keep or roll back the step's candidate, note what each change did, and move on."""
-        kept = bool(verdict and verdict.accepted)
+        kept = bool(verdict and verdict.passed)
         applied = [a for a in cur.get("applied", []) if a.get("applied")]
         measured = None
         if verdict is not None:
@@ -737,7 +737,7 @@ class Evolver:
                            parent_val_accuracy=verdict.parent_accuracy if verdict else None,
                            gate=cur.get("verdict"), applied=step["changes"], models=list(evo.models),
                            evolution=evo.id, iteration=cur["iteration"])
-            self.store.update_harness(cur["candidate"], status="accepted" if kept else "rolled_back", metrics=metrics)
+            self.store.update_harness(cur["candidate"], status="kept" if kept else "rolled_back", metrics=metrics)
             if kept:
                 evo.current_version = cur["candidate"]
         cur.setdefault("steps", []).append(step)
@@ -747,12 +747,12 @@ class Evolver:
 
     def _record(self, evo: EvolutionRecord, cur: dict[str, Any], budget: CallBudget) -> None:
         steps: list[dict[str, Any]] = cur.get("steps", [])
-        verdicts = [GateVerdict(**st["verdict"]) for st in steps if st.get("verdict")]
+        verdicts = [v for st in steps if (v := GateVerdict.parse(st.get("verdict"))) is not None]
         kept_steps = [st for st in steps if st["kept"]]
         changes = [c for st in steps for c in st["changes"]]
         val_accuracy = None
         if verdicts:
-            last_kept = next((GateVerdict(**st["verdict"]) for st in reversed(kept_steps)), None)
+            last_kept = next((GateVerdict.parse(st["verdict"]) for st in reversed(kept_steps)), None)
             val_accuracy = last_kept.candidate_accuracy if last_kept else verdicts[0].parent_accuracy
         spent0 = cur.get("spent_at_start", {"calls": 0, "tokens": 0, "seconds": 0.0})
         spent = self._spent()

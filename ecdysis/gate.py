@@ -56,11 +56,11 @@ class AcceptancePolicy(Protocol):
     def judge(self, parent: dict[PairKey, bool], candidate: dict[PairKey, bool]) -> GateVerdict: ...
 
 
-def _verdict(policy: str, accepted: bool, reason: str, parent: dict[PairKey, bool],
+def _verdict(policy: str, passed: bool, reason: str, parent: dict[PairKey, bool],
              candidate: dict[PairKey, bool]) -> GateVerdict:
     keys, wins, losses = paired(parent, candidate)
     n = len(keys)
-    return GateVerdict(accepted, reason, wins, losses, n,
+    return GateVerdict(passed, reason, wins, losses, n,
                        round(sum(parent[k] for k in keys) / n, 4) if n else 0.0,
                        round(sum(candidate[k] for k in keys) / n, 4) if n else 0.0, policy)
 

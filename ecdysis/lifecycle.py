@@ -6,7 +6,7 @@
                                                                           iteration composes again)
 
 A rejected proposal stays rejected. The Critic's own verdict is not a status here: the roles store
-a proposal the Critic accepted as `pending` (waiting for a person) and one it rejected as
+a proposal the Critic endorsed as `pending` (waiting for a person) and one it rejected as
 `rejected`, with the reason in its transcript. Every status change goes through `move`, which
 refuses a move the table does not allow; deciding (which also writes the decision) goes through
 the store's conditional `decide_proposal`, with `DECIDED` naming the status each decision gives.

@@ -1,5 +1,5 @@
 """Failure-Driven Collaborative Refinement: per harness-level cluster, Investigator -> Attributor ->
-Proposer <-> Critic for at most `max_rounds`, ending in an accepted or a rejected `Proposal`.
+Proposer <-> Critic for at most `max_rounds`, ending in an endorsed or a rejected `Proposal`.
 
 Whatever the role backend says, the Critic's hard checks decide too: the patch applies cleanly to
 the current harness, the patched harness loads and answers a smoke run on one train instance, and
@@ -27,7 +27,7 @@ from ecdysis.roles.operators import OPERATORS
 from ecdysis.sandbox import SandboxLimits, WorkerPool
 from ecdysis.store import ProposalRecord
 
-ProposalStatus = Literal["accepted", "rejected"]
+ProposalStatus = Literal["endorsed", "rejected"]  # the Critic's word on a proposal
 ENGINE = "engine"
 # Answers so common that finding one in code says nothing about a particular instance.
 GENERIC_ANSWERS = {"true", "false", "yes", "no", "none", ""}
@@ -71,7 +71,8 @@ class Proposal:
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "Proposal":
         return Proposal(
-            id=data["id"], cluster_id=data["cluster_id"], status=data["status"],
+            id=data["id"], cluster_id=data["cluster_id"],
+            status="endorsed" if data["status"] == "accepted" else data["status"],  # the older name
             spec=ModificationSpec.from_json(data["spec"]), diffs=[FileDiff.from_json(d) for d in data["diffs"]],
             base_harness=data["base_harness"], rounds=int(data["rounds"]),
             checks=[CheckResult(**c) for c in data.get("checks", [])], objections=list(data.get("objections", [])),
@@ -82,7 +83,7 @@ class Proposal:
         return ProposalRecord(
             id=self.id, diagnosis_id=diagnosis_id, cluster_id=self.cluster_id, harness_version=self.base_harness,
             spec=self.spec.to_json(), files=self.files,
-            status="pending" if self.status == "accepted" else "rejected",
+            status="pending" if self.status == "endorsed" else "rejected",
             data={k: v for k, v in self.to_json().items() if k in ("diffs", "checks", "objections",
                                                                   "transcript", "reason", "rounds", "status")},
             created_at=created_at)
@@ -448,7 +449,7 @@ class Refiner:
             return veto
         outcome = self._rounds(case, log, first=1)
         for number in range(2, max(1, self.passes) + 1):
-            if outcome.proposal is None or outcome.proposal.status != "accepted":
+            if outcome.proposal is None or outcome.proposal.status != "endorsed":
                 break
             outcome = self._review(case, log, number, outcome)
         return outcome
@@ -460,14 +461,14 @@ class Refiner:
             if isinstance(step, RefineOutcome):
                 return step
             last = step or last
-        return self._finish(case, log, last, f"not accepted within {self.max_rounds} round(s)")
+        return self._finish(case, log, last, f"not endorsed within {self.max_rounds} round(s)")
 
-    def _review(self, case: CaseFile, log: list[RoleMessage], number: int, accepted: RefineOutcome) -> RefineOutcome:
-        """Review pass `number` over an accepted specification: the engine measures the concerns
+    def _review(self, case: CaseFile, log: list[RoleMessage], number: int, endorsed: RefineOutcome) -> RefineOutcome:
+        """Review pass `number` over an endorsed specification: the engine measures the concerns
         (regressions, cost, generality), the Critic weighs them against the spec, and a revision
         answers them even though every hard check passed. The result is one consolidated
         specification that records what was agreed and what stays disputed."""
-        proposal = accepted.proposal
+        proposal = endorsed.proposal
         assert proposal is not None and case.draft is not None
         first = number * 100 + 1  # the rounds of pass k are numbered k01, k02, ...
         concerns = self.checks.concerns(case, case.draft)
@@ -476,27 +477,27 @@ class Refiner:
         log.append(RoleMessage(first, "critic", "check", ENGINE, f"Review pass {number} of the specification: {text}",
                                data={"concerns": concerns}))
         if not concerns:
-            return self._consolidated(accepted, log, number, agreed=[text], disputed=[])
+            return self._consolidated(endorsed, log, number, agreed=[text], disputed=[])
         case.concerns = concerns
         case.objections = [c["text"] for c in concerns]
         turn = self.backend.run("critic", case, first)
         log += turn.messages
         if turn.output["decision"] == "accept":
             notes = str(turn.output.get("notes") or "the Critic accepts these as the change's known risks")
-            return self._consolidated(accepted, log, number, agreed=[notes],
+            return self._consolidated(endorsed, log, number, agreed=[notes],
                                       disputed=[c["text"] for c in concerns])
         self._next_round(case, list(turn.output.get("objections") or case.objections), proposal.spec.operator)
         case.concerns = []  # each revised draft is judged by the hard checks, then measured again
         revised = self._rounds(case, log, first=first + 1)
-        if revised.proposal is not None and revised.proposal.status == "accepted" and case.draft is not None:
+        if revised.proposal is not None and revised.proposal.status == "endorsed" and case.draft is not None:
             left = self.checks.concerns(case, case.draft)
             log.append(RoleMessage(first, "critic", "check", ENGINE, "The revision measured again: "
                                    + ("; ".join(c["text"] for c in left) or "no concern left"), data={"concerns": left}))
             return self._consolidated(revised, log, number,
                                       agreed=[f"revised to answer: {c['text']}" for c in concerns],
                                       disputed=[c["text"] for c in left])
-        why = revised.no_patch_reason or "no accepted revision"
-        return self._consolidated(accepted, log, number, agreed=[],
+        why = revised.no_patch_reason or "no endorsed revision"
+        return self._consolidated(endorsed, log, number, agreed=[],
                                   disputed=[c["text"] for c in concerns] + [f"revision failed: {why[:200]}"])
 
     @staticmethod
@@ -544,14 +545,14 @@ class Refiner:
         log += turn.messages
         hard_ok = all(c.ok for c in draft.checks)
         if turn.output["decision"] == "accept" and hard_ok:
-            proposal = self._proposal(case, _Attempt(draft, diffs, [], number), "accepted", log,
-                                      "accepted by the Critic; every hard check passed")
+            proposal = self._proposal(case, _Attempt(draft, diffs, [], number), "endorsed", log,
+                                      "endorsed by the Critic; every hard check passed")
             return RefineOutcome(case.cluster.id, proposal, log)
         objections = list(turn.output.get("objections") or [])
         objections += [c.detail for c in draft.checks if not c.ok and c.detail not in objections]
         if turn.output["decision"] == "accept":
             log.append(RoleMessage(number, "critic", "check", ENGINE,
-                                   "The Critic accepted, but hard checks failed, so the proposal is not accepted."))
+                                   "The Critic endorsed it, but hard checks failed, so the proposal is rejected."))
         self._next_round(case, objections, draft.spec.operator)
         return _Attempt(draft, diffs, objections, number)
 

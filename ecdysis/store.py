@@ -20,7 +20,7 @@ class HarnessVersion:
     parent: str | None = None
     note: str = ""
     created_at: float = 0.0
-    status: str = "candidate"  # candidate | accepted | rolled_back | rejected | imported | starter
+    status: str = "candidate"  # candidate | kept | rolled_back | rejected | imported | starter
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @property

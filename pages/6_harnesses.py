@@ -1,4 +1,4 @@
-"""Harnesses: every version in its lineage tree (accepted, rolled back, rejected told apart, with
+"""Harnesses: every version in its lineage tree (kept, rolled back, rejected told apart, with
 validation scores), a diff between any two versions, export as a zip and import of a zip."""
 
 import streamlit as st

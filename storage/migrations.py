@@ -88,11 +88,19 @@ def m004_option_scores(conn: Connection) -> None:
     add_column(conn, ModelCallRow, "option_logprobs")
 
 
+def m005_kept_versions(conn: Connection) -> None:
+    """A version the validation gate kept is `kept`; it was `accepted`, a word the Critic and the
+    gate's verdict also used."""
+    versions = table_of(HarnessVersionRow)
+    conn.execute(versions.update().where(versions.c.status == "accepted").values(status="kept"))
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_jobs_and_the_review_trail,
     m003_leases,
     m004_option_scores,
+    m005_kept_versions,
 ]
 
 

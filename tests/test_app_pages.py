@@ -562,7 +562,7 @@ def test_evolution_form_starts_one_job_per_strategy(ecdysis_home: Path, svc: Ser
         assert (row["parent acc"], row["candidate acc"]) == (verdict["parent_accuracy"], verdict["candidate_accuracy"])
         assert (row["wins"], row["losses"], row["paired instances"]) == (verdict["wins"], verdict["losses"],
                                                                          verdict["n"])
-        assert row["outcome"] == ("kept" if verdict["accepted"] else "rolled back")
+        assert row["outcome"] == ("kept" if verdict["passed"] else "rolled back")
     assert "scoring the sealed test split" not in texts(at) and "iteration 2/1" not in texts(at)
 
 
@@ -722,7 +722,7 @@ def test_comparison_numbers_and_missing_test_split() -> None:
 
 def test_lineage_dot_tells_branches_apart() -> None:
     root = HarnessVersion(id="root", files={}, status="starter", created_at=1)
-    kept = HarnessVersion(id="kept", files={}, parent="root", status="accepted", created_at=2)
+    kept = HarnessVersion(id="kept", files={}, parent="root", status="kept", created_at=2)
     back = HarnessVersion(id="back", files={}, parent="root", status="rolled_back", created_at=3)
     rejected = ProposalRecord(id="p9", diagnosis_id="d", cluster_id="c1", harness_version="kept", spec={},
                               files={}, status="rejected")

@@ -46,7 +46,7 @@ def test_diagnose_two_real_models(batch, artifacts: Path) -> None:
         if c["verdict"] != "harness-level":
             assert c["patch"]["proposal_id"] is None and c["patch"]["no_patch_reason"]
     base = svc.harness(report.harness_version)
-    applicable = [p for p in report.proposals if p.status == "accepted" and p.apply_to(base.files).ok]
+    applicable = [p for p in report.proposals if p.status == "endorsed" and p.apply_to(base.files).ok]
     assert applicable, report.render_text()
     patched = applicable[0].apply_to(base.files).files
     validate_files(patched)

@@ -68,7 +68,7 @@ def test_what_the_engine_stores_reads_back_typed_and_whole(world) -> None:  # no
     kept = svc.harness(first.harness_version)
     assert set(kept.metrics) - names(VersionMetrics) - ENGINE_METRICS_KEYS == set()
     m = kept.measured
-    assert m.val_accuracy == kept.metrics["val_accuracy"] and m.gate is not None and m.gate.accepted
+    assert m.val_accuracy == kept.metrics["val_accuracy"] and m.gate is not None and m.gate.passed
     assert [a.proposal_id for a in m.applied] == [a["proposal_id"] for a in kept.metrics["applied"]]
     assert m.models == tuple(evo.models) and m.evolution == evo.id
 
@@ -86,9 +86,9 @@ def test_rows_written_by_older_versions_read_with_defaults() -> None:
     assert out.spent.calls == 5 and out.spent.seconds == 0.0 and out.test_accuracy is None
     assert EvolutionOutcome.parse(None).cursor.phase is None
     m = VersionMetrics.parse({"val_accuracy": "0.7", "applied": [{"proposal_id": "p1"}, "garbage"],
-                              "gate": {"accepted": True, "wins": 3}})
+                              "gate": {"accepted": True, "wins": 3}})  # the field's name before it was `passed`
     assert m.val_accuracy is None  # not a number: not shown as one
-    assert [a.proposal_id for a in m.applied] == ["p1"] and m.gate is not None and m.gate.wins == 3
+    assert [a.proposal_id for a in m.applied] == ["p1"] and m.gate is not None and m.gate.wins == 3 and m.gate.passed
     assert GateStep.parse({"kept": True, "verdict": None}).spent is None
 
 

@@ -79,7 +79,7 @@ def test_auto_approved_evolution_fixes_the_harness_level_failure(world) -> None:
     assert out["final_version"] != out["base_version"]
     assert out["test_accuracy"] > out["base_test_accuracy"]
     final = svc.harness(out["final_version"])
-    assert final.parent == out["base_version"] and final.status == "accepted"
+    assert final.parent == out["base_version"] and final.status == "kept"
     applied = final.metrics["applied"]
     assert applied and applied[0]["predicted"] and applied[0]["measured"]["val_delta"] > 0
     for key in ("iteration", "harness_version", "train_accuracy", "val_accuracy", "proposals", "applied",

@@ -20,7 +20,7 @@ def world(wins: int, losses: int, both_right: int, both_wrong: int) -> tuple[dic
     return parent, candidate
 
 
-# (wins, losses, both right, both wrong) -> accepted, words of the reason
+# (wins, losses, both right, both wrong) -> passed, words of the reason
 PAIRED_SIGN = [
     ((0, 0, 0, 0), False, "no paired instances"),
     # the regression budget: half the parent's correct ...
@@ -41,11 +41,11 @@ PAIRED_SIGN = [
 ]
 
 
-@pytest.mark.parametrize(("counts", "accepted", "words"), PAIRED_SIGN)
-def test_paired_sign_gate_branch_by_branch(counts: tuple[int, int, int, int], accepted: bool, words: str) -> None:
+@pytest.mark.parametrize(("counts", "passed", "words"), PAIRED_SIGN)
+def test_paired_sign_gate_branch_by_branch(counts: tuple[int, int, int, int], passed: bool, words: str) -> None:
     parent, candidate = world(*counts)
     verdict = PairedSignGate().judge(parent, candidate)
-    assert verdict.accepted is accepted and words in verdict.reason, verdict.reason
+    assert verdict.passed is passed and words in verdict.reason, verdict.reason
     wins, losses, both_right, both_wrong = counts
     assert (verdict.wins, verdict.losses, verdict.n) == (wins, losses, sum(counts))
     if verdict.n:
@@ -55,12 +55,12 @@ def test_paired_sign_gate_branch_by_branch(counts: tuple[int, int, int, int], ac
 
 def test_paired_sign_gate_thresholds_are_its_parameters() -> None:
     parent, candidate = world(3, 1, 10, 10)
-    assert not PairedSignGate().judge(parent, candidate).accepted  # +2 within sqrt(4) = 2
-    assert PairedSignGate(k=0.5).judge(parent, candidate).accepted
-    assert not PairedSignGate(min_net=3, k=0.5).judge(parent, candidate).accepted
+    assert not PairedSignGate().judge(parent, candidate).passed  # +2 within sqrt(4) = 2
+    assert PairedSignGate(k=0.5).judge(parent, candidate).passed
+    assert not PairedSignGate(min_net=3, k=0.5).judge(parent, candidate).passed
     parent, candidate = world(11, 6, 5, 20)
     assert "6 regressions exceed the budget of 50% of 11 correct" in PairedSignGate().judge(parent, candidate).reason
-    assert PairedSignGate(max_losses_fraction=0.6).judge(parent, candidate).accepted
+    assert PairedSignGate(max_losses_fraction=0.6).judge(parent, candidate).passed
 
 
 def test_only_instances_both_sides_ran_are_paired() -> None:
@@ -71,11 +71,11 @@ def test_only_instances_both_sides_ran_are_paired() -> None:
     assert len(keys) == 7 and (wins, losses) == (3, 0)
 
 
-@pytest.mark.parametrize(("counts", "accepted"), [((1, 0, 0, 0), True), ((1, 1, 5, 5), False),
+@pytest.mark.parametrize(("counts", "passed"), [((1, 0, 0, 0), True), ((1, 1, 5, 5), False),
                                                   ((0, 1, 5, 5), False), ((0, 0, 0, 0), False)])
-def test_any_improvement_gate_takes_any_net_win(counts: tuple[int, int, int, int], accepted: bool) -> None:
+def test_any_improvement_gate_takes_any_net_win(counts: tuple[int, int, int, int], passed: bool) -> None:
     verdict = AnyImprovementGate().judge(*world(*counts))
-    assert verdict.accepted is accepted and verdict.reason == f"{counts[0]} won, {counts[1]} lost"
+    assert verdict.passed is passed and verdict.reason == f"{counts[0]} won, {counts[1]} lost"
 
 
 @pytest.mark.parametrize(("gain", "extra", "per_call", "short"), [

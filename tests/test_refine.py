@@ -1,5 +1,5 @@
 """Failure-Driven Collaborative Refinement end to end on the planted world (tests/diagnosis_fixtures.py):
-the harness-level cluster gets an accepted patch that really fixes its failures, the model-specific
+the harness-level cluster gets an endorsed patch that really fixes its failures, the model-specific
 and noise clusters get none, a patch that hard-codes an answer is rejected for that reason, an
 operator already in the harness draws an objection answered next round, and malformed LLM role
 output never breaks the diagnosis."""
@@ -49,7 +49,7 @@ def test_harness_level_cluster_gets_a_patch_that_fixes_it() -> None:
     data = report.to_json()
     assert [c["verdict"] for c in data["clusters"]] == ["harness-level", "model-specific", "noise"]
     shared, quirk, slip = data["clusters"]
-    assert shared["patch"]["status"] == "accepted"
+    assert shared["patch"]["status"] == "endorsed"
     assert quirk["patch"]["proposal_id"] is None and "one model's quirk" in quirk["patch"]["no_patch_reason"]
     assert slip["patch"]["proposal_id"] is None and "too small" in slip["patch"]["no_patch_reason"]
     assert len(data["proposals"]) == 1
@@ -154,7 +154,7 @@ def test_an_operator_already_present_draws_an_objection_answered_next_round() ->
     files = OPERATORS["answer_extraction"].apply(RepairInput(starter_files(), empty_cluster())).files
     report = run_diagnosis(store, files=files, max_rounds=3)
     proposal = report.proposals[0]
-    assert proposal.status == "accepted" and proposal.rounds == 2
+    assert proposal.status == "endorsed" and proposal.rounds == 2
     assert proposal.spec.operator == "answer_format_instruction"
     critic_round_1 = [m for m in proposal.transcript if m.role == "critic" and m.round == 1 and m.kind == "output"][0]
     assert "operator answer_extraction is already present" in critic_round_1.text
@@ -202,7 +202,7 @@ def test_malformed_llm_role_output_is_survived() -> None:
     report = run_diagnosis(MemoryStore(), role_backend=garbage, max_rounds=2)
     assert report.role_backend == "llm:scripted-garbage"
     proposal = report.proposals[0]
-    assert proposal.status == "accepted" and proposal.spec.operator == "answer_extraction"
+    assert proposal.status == "endorsed" and proposal.spec.operator == "answer_extraction"
     kinds = [(m.role, m.kind) for m in proposal.transcript]
     assert ("investigator", "fallback") in kinds and ("attributor", "repair") in kinds
     assert ("proposer", "repair") in kinds and ("critic", "fallback") in kinds
@@ -278,8 +278,8 @@ class _BadFirstProposer(_FirstDraftProposer):
         return {"operator": "", "spec": SPEC, "files": {"harness.py": code}, "replies": []}, "always 0"
 
 
-def test_a_review_pass_revises_an_accepted_spec_that_breaks_passing_instances() -> None:
-    """Pass 2 runs the accepted draft on passing train instances of other categories, paired
+def test_a_review_pass_revises_an_endorsed_spec_that_breaks_passing_instances() -> None:
+    """Pass 2 runs the endorsed draft on passing train instances of other categories, paired
     against the current harness on the same smoke model: the planted bad change breaks them, the
     Critic objects though every hard check passed, and the revision (the extraction repair) is the
     consolidated specification, with what was agreed recorded."""
@@ -290,7 +290,7 @@ def test_a_review_pass_revises_an_accepted_spec_that_breaks_passing_instances() 
     report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=smoke_model,
                       role_backend=_BadFirstProposer(), passes=2)
     proposal = report.proposals[0]
-    assert proposal.status == "accepted" and proposal.spec.operator == "answer_extraction"
+    assert proposal.status == "endorsed" and proposal.spec.operator == "answer_extraction"
     assert proposal.spec.passes == 2 and not proposal.spec.disputed
     assert any(a.startswith("revised to answer: regression") for a in proposal.spec.agreed), proposal.spec.agreed
     said = [m.text for m in proposal.transcript if m.role == "critic" and m.kind == "check"]
@@ -299,7 +299,7 @@ def test_a_review_pass_revises_an_accepted_spec_that_breaks_passing_instances() 
     fresh = MemoryStore()
     one = diagnose(fresh, plant(fresh)[0], suite_loader=lambda name: suite, smoke_model=smoke_model,
                    role_backend=_BadFirstProposer(), passes=1)
-    assert one.proposals[0].spec.operator in ("", None) and one.proposals[0].status == "accepted"
+    assert one.proposals[0].spec.operator in ("", None) and one.proposals[0].status == "endorsed"
 
 
 class _VotingFirstProposer(_FirstDraftProposer):
@@ -321,7 +321,7 @@ def test_a_draft_that_multiplies_calls_must_first_recover_one_of_its_clusters_fa
     report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=smoke(),
                       role_backend=_VotingFirstProposer(), passes=1)
     proposal = report.proposals[0]
-    assert proposal.status == "accepted" and proposal.spec.operator == "answer_extraction"
+    assert proposal.status == "endorsed" and proposal.spec.operator == "answer_extraction"
     said = [m.text for m in proposal.transcript if m.role == "critic" and m.kind == "check"]
     assert any("headroom: FAILED" in t and "recovers none of 3" in t for t in said), said
 
@@ -331,7 +331,7 @@ def test_a_draft_that_multiplies_calls_must_first_recover_one_of_its_clusters_fa
     report = diagnose(fresh, plant(fresh)[0], suite_loader=lambda name: suite, smoke_model=right,
                       role_backend=_VotingFirstProposer(), passes=1)
     voting = report.proposals[0]
-    assert voting.spec.operator == "self_consistency" and voting.status == "accepted"
+    assert voting.spec.operator == "self_consistency" and voting.status == "endorsed"
     headroom = next(c for c in voting.checks if c.name == "headroom")
     assert headroom.ok and headroom.detail.startswith("recovers 3 of 3"), headroom
 

@@ -155,15 +155,15 @@ def test_harness_round_trip_lineage_and_update(any_store: SQLStore) -> None:
     assert [v.id for v in any_store.list_harnesses()] == ["h1", "h2"]
     assert any_store.get_harness("nope") is None
 
-    any_store.update_harness("h2", status="accepted")
+    any_store.update_harness("h2", status="kept")
     any_store.update_harness("h2", metrics={"validation_accuracy": 0.75})
     stored = any_store.get_harness("h2")
     assert stored is not None
-    assert (stored.status, stored.metrics) == ("accepted", {"validation_accuracy": 0.75})
+    assert (stored.status, stored.metrics) == ("kept", {"validation_accuracy": 0.75})
     assert stored.files == child.files
 
     with pytest.raises(NotFound):
-        any_store.update_harness("nope", status="accepted")
+        any_store.update_harness("nope", status="kept")
     with pytest.raises(NotFound, match="parent"):
         any_store.put_harness(make_harness("h3", parent="not-stored"))
     assert any_store.get_harness("h3") is None
@@ -550,6 +550,18 @@ def test_migrate_again_applies_nothing(tmp_path: Path) -> None:
     with open_store(url) as store:
         assert migrate(store.engine) == []
         assert applied_migrations(store.engine) == [m.__name__ for m in MIGRATIONS]
+
+
+def test_versions_the_gate_kept_under_the_old_name_read_as_kept(tmp_path: Path) -> None:
+    """m005: a database from before the rename holds `accepted` versions; they open as `kept`."""
+    url = sqlite_url(tmp_path)
+    with open_store(url) as store:
+        store.put_harness(make_harness("old"))
+        with store.engine.begin() as conn:
+            conn.execute(text("UPDATE harness_version SET status = 'accepted' WHERE id = 'old'"))
+            conn.execute(text("DELETE FROM schema_migrations WHERE name = 'm005_kept_versions'"))
+    with open_store(url) as store:
+        assert store.get_harness("old").status == "kept"
 
 
 def test_migration_names_are_unique_numbered_and_in_order() -> None:
