@@ -535,10 +535,8 @@ def test_a_misbehaving_model_server_costs_typed_failures_and_the_batch_completes
                                  "category": "c"}) + "\n")
     with MisbehavingOpenAI(max_requests=60, hang_s=30, retry_after=0.3) as server:
         env = _env(home, OPENAI_BASE_URL=server.base_url, ECDYSIS_MAX_RETRIES="2", ECDYSIS_MODEL_TIMEOUT="1")
-        started = time.monotonic()
         summary = _finish(_cli("run", "--suite", str(suite), "--split", "all", "--model", "openai:stub",
                                "--concurrency", str(len(MODES)), "--json", env=env), timeout=120)
-        elapsed = time.monotonic() - started
         hits = {mode: server.attempts(f"mode={mode}") for mode in MODES}
     db = home / "ecdysis.db"
     rows = {r[0]: r[1:] for r in _query(db, "select instance_id, correct, error_type, error_message from instance_result")}
@@ -558,5 +556,5 @@ def test_a_misbehaving_model_server_costs_typed_failures_and_the_batch_completes
     errors = _query(db, "select instance_id, finish_reason, error from model_call where error is not null")
     assert {r[0] for r in errors} == {m for m, (ok, _) in MODES.items() if not ok}
     assert summary["errors"] == {"model_error": 6}
-    assert elapsed < 60
-    print(f"{sum(len(h) for h in hits.values())} requests for {len(MODES)} instances in {elapsed:.1f}s")
+    # The hanging server is cut off by the 1 s model timeout, each attempt: not waited out for 30 s.
+    assert "timeout" in rows["hang"][2].lower() or "timed out" in rows["hang"][2].lower(), rows["hang"][2]
