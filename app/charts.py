@@ -3,12 +3,13 @@ the 2-D failure map, and evolution curves. Pure functions from report JSON / vie
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import plotly.graph_objects as go
 
 from app.text import chart
-from app.views import MapPoint, StrategyStats, clusters, cluster_title
+from app.views import MapPoint, StrategyStats, cluster_title
+from ecdysis.diagnosis import DiagnosisReport
 from ecdysis.evolution_log import IterationRow
 
 VERDICT_COLORS: dict[str, str] = {"harness-level": "#c53948", "model-specific": "#e0a030", "noise": "#9a968c"}
@@ -26,23 +27,22 @@ def _layout(fig: go.Figure, *, height: int, title: str | None = None, **extra: A
     return fig
 
 
-def cluster_sizes(report: Mapping[str, Any], height: int = 320) -> go.Figure:
+def cluster_sizes(report: DiagnosisReport, height: int = 320) -> go.Figure:
     """Failures per cluster, one bar each in priority order, coloured by verdict."""
     fig = go.Figure()
-    rows = clusters(report)
+    rows = report.clusters
     for verdict, color in VERDICT_COLORS.items():
-        mine = [c for c in rows if c["verdict"] == verdict]
+        mine = [c for c in rows if c.verdict == verdict]
         if not mine:
             continue
         fig.add_bar(
-            y=[chart(cluster_title(c, 42)) for c in mine], x=[c["size"] for c in mine], orientation="h",
-            name=verdict, marker_color=color, customdata=[[c["id"], c["systematicity"], len(c["instances"])]
-                                                         for c in mine],
+            y=[chart(cluster_title(c, 42)) for c in mine], x=[c.size for c in mine], orientation="h",
+            name=verdict, marker_color=color, customdata=[[c.id, c.systematicity, len(c.instances)] for c in mine],
             hovertemplate="%{y}<br>%{x} failures on %{customdata[2]} instances"
                           "<br>systematicity %{customdata[1]:.2f}<extra>" + verdict + "</extra>")
     order = [chart(cluster_title(c, 42)) for c in rows]
     fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order)), automargin=True)
-    fig.update_xaxes(title_text="failures", **count_axis(max((c["size"] for c in rows), default=1)))
+    fig.update_xaxes(title_text="failures", **count_axis(max((c.size for c in rows), default=1)))
     return _layout(fig, height=max(height, 60 + 28 * len(rows)), title="Cluster sizes by verdict",
                    barmode="stack")
 
@@ -53,13 +53,14 @@ def count_axis(largest: int, ticks: int = 6) -> dict[str, Any]:
     return {"tick0": 0, "dtick": step, "tickformat": "d", "rangemode": "tozero"}
 
 
-def category_heatmap(report: Mapping[str, Any], height: int = 320) -> go.Figure:
+def category_heatmap(report: DiagnosisReport, height: int = 320) -> go.Figure:
     """Failures of each cluster in each task category (spread across categories is evidence)."""
-    rows = clusters(report)
-    cats = sorted({cat for c in rows for cat in c.get("categories", {})})
-    z = [[c.get("categories", {}).get(cat, 0) for cat in cats] for c in rows]
+    rows = report.clusters
+    spread = [c.categories for c in rows]
+    cats = sorted({cat for counts in spread for cat in counts})
+    z = [[counts.get(cat, 0) for cat in cats] for counts in spread]
     text = [[str(v) if v else "" for v in row] for row in z]
-    fig = go.Figure(go.Heatmap(z=z, x=[chart(cat) for cat in cats], y=[c["id"] for c in rows], colorscale="Reds", text=text,
+    fig = go.Figure(go.Heatmap(z=z, x=[chart(cat) for cat in cats], y=[c.id for c in rows], colorscale="Reds", text=text,
                                texttemplate="%{text}", hovertemplate="%{y} · %{x}: %{z} failures<extra></extra>",
                                showscale=False, xgap=2, ygap=2))
     fig.update_yaxes(autorange="reversed", type="category")
@@ -67,25 +68,25 @@ def category_heatmap(report: Mapping[str, Any], height: int = 320) -> go.Figure:
     return _layout(fig, height=max(height, 60 + 28 * len(rows)), title="Cluster × category")
 
 
-def model_comparison(report: Mapping[str, Any], height: int = 320) -> go.Figure:
+def model_comparison(report: DiagnosisReport, height: int = 320) -> go.Figure:
     """For each cluster, the share of its instances each model ran on which the model fails this
     way: equal bars point at the harness, one tall bar at a model's quirk. Each bar names its
     model in the legend, even when only one model ran (then the chart says so in its title)."""
-    rows = clusters(report)
-    models = sorted({m for c in rows for m in c.get("model_rates", {}) or c.get("models", {})})
+    rows = report.clusters
+    models = sorted({m for c in rows for m in c.rates or c.models})
     fig = go.Figure()
-    ticks = [f"{c['id']} · {c['verdict']}" for c in rows]
+    ticks = [f"{c.id} · {c.verdict}" for c in rows]
     for i, model in enumerate(models):
         rates, texts = [], []
         for c in rows:
-            r = (c.get("model_rates") or {}).get(model)
-            if r and r.get("ran"):
-                hit = int(r.get("hit", 0)) + int(r.get("kin", 0))
-                rates.append(hit / r["ran"])
-                texts.append(f"{hit}/{r['ran']}")
+            r = c.rates.get(model)
+            if r and r.ran:
+                hit = r.hit + r.kin
+                rates.append(hit / r.ran)
+                texts.append(f"{hit}/{r.ran}")
             else:
                 rates.append(0.0)
-                texts.append(str(c.get("models", {}).get(model, 0)))
+                texts.append(str(c.models.get(model, 0)))
         fig.add_bar(x=ticks, y=rates, name=chart(model), text=texts, textposition="outside", showlegend=True,
                     marker_color=MODEL_PALETTE[i % len(MODEL_PALETTE)], cliponaxis=False,
                     hovertemplate="%{x} · " + chart(model) + ": %{text} instances<extra></extra>")

@@ -3,14 +3,15 @@ drill-down cluster -> instances -> trajectory, and the per-cluster role conversa
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import streamlit as st
 
 from app import charts, views
 from app import components as ui
 from app.state import remember, remembered
+from ecdysis.aggregate import Cluster
+from ecdysis.diagnosis import DiagnosisReport
 from ecdysis.failures import FAILURE_TITLES
+from ecdysis.refine import Proposal
 from ecdysis.service import Service
 from ecdysis.store import DiagnosisRecord
 
@@ -22,21 +23,20 @@ def pick_diagnosis(diagnoses: list[DiagnosisRecord], key: str) -> DiagnosisRecor
     return by_id.get(chosen or "")
 
 
-def overview(report: Mapping[str, Any]) -> None:
-    stats = report.get("stats", {})
+def overview(report: DiagnosisReport) -> None:
+    stats = report.stats
     cols = st.columns(5)
     cols[0].metric("results", stats.get("results", 0))
     cols[1].metric("failures", stats.get("failures", 0))
-    cols[2].metric("clusters", len(views.clusters(report)))
+    cols[2].metric("clusters", len(report.clusters))
     cols[3].metric("harness-level", stats.get("harness_level", 0))
-    cols[4].metric("proposals", len(report.get("proposals", [])))
+    cols[4].metric("proposals", len(report.proposals))
     backends = views.output_backends(report)
-    st.caption(ui.md(f"runs {', '.join(report.get('run_ids', []))} · models {', '.join(report.get('models', []))} · "
-                     f"suites {', '.join(report.get('suites', []))} · "
-                     f"harness {views.short(report.get('harness_version'))} · "
-                     f"roles: {role_backend_text(str(report.get('role_backend', '')))}"
+    st.caption(ui.md(f"runs {', '.join(report.run_ids)} · models {', '.join(report.models)} · "
+                     f"suites {', '.join(report.suites)} · harness {views.short(report.harness_version)} · "
+                     f"roles: {role_backend_text(report.role_backend)}"
                      + (f" · role outputs: {backends}" if backends else "")))
-    for note in report.get("notes", []):
+    for note in report.notes:
         st.info(ui.md(note), icon=":material/info:")
 
 
@@ -44,8 +44,8 @@ def role_backend_text(name: str) -> str:
     return "heuristic (deterministic, offline — no LLM)" if name == "heuristic" else f"LLM ({name})"
 
 
-def _cluster_memory(report: Mapping[str, Any]) -> str:
-    return f"cluster:{report.get('id', '')}"
+def _cluster_memory(report: DiagnosisReport) -> str:
+    return f"cluster:{report.id}"
 
 
 def _select_from_chart(chart_key: str, memory: str) -> None:
@@ -56,11 +56,11 @@ def _select_from_chart(chart_key: str, memory: str) -> None:
         remember(memory, str(points[0]["customdata"][0]))
 
 
-def _member_memory(report: Mapping[str, Any]) -> str:
-    return f"member:{report.get('id', '')}"
+def _member_memory(report: DiagnosisReport) -> str:
+    return f"member:{report.id}"
 
 
-def _select_from_map(chart_key: str, report: Mapping[str, Any]) -> None:
+def _select_from_map(chart_key: str, report: DiagnosisReport) -> None:
     """Clicking a failure on the map opens it below: its cluster, and its trajectory."""
     state = st.session_state.get(chart_key)
     points = getattr(getattr(state, "selection", None), "points", None) or []
@@ -70,14 +70,14 @@ def _select_from_map(chart_key: str, report: Mapping[str, Any]) -> None:
         remember(_member_memory(report), str(data[5]))
 
 
-def cluster_charts(report: Mapping[str, Any]) -> None:
+def cluster_charts(report: DiagnosisReport) -> None:
     """Sizes by verdict | cluster x category, then cluster x model | the 2-D failure map."""
-    if not views.clusters(report):
+    if not report.clusters:
         return
     memory = _cluster_memory(report)
     top_left, top_right = st.columns(2)
     with top_left:
-        key = f"sizes:{report.get('id')}"
+        key = f"sizes:{report.id}"
         st.plotly_chart(charts.cluster_sizes(report), key=key, on_select=lambda: _select_from_chart(key, memory),
                         selection_mode="points", config={"displayModeBar": False})
     with top_right:
@@ -86,30 +86,29 @@ def cluster_charts(report: Mapping[str, Any]) -> None:
     with low_left:
         st.plotly_chart(charts.model_comparison(report), config={"displayModeBar": False})
     with low_right:
-        map_key = f"map:{report.get('id')}"
+        map_key = f"map:{report.id}"
         st.plotly_chart(charts.failure_map_figure(views.failure_map(report)), key=map_key,
                         on_select=lambda: _select_from_map(map_key, report), selection_mode="points",
                         config={"displayModeBar": False})
         st.caption("Click a failure to open its trajectory below.")
 
 
-def pick_cluster(report: Mapping[str, Any], key: str) -> dict[str, Any] | None:
-    rows = views.clusters(report)
-    by_id = {c["id"]: c for c in rows}
-    labels = {c["id"]: f"{views.cluster_title(c, 70)} · {c['verdict']} · {views.count(c['size'], 'failure')}"
-              for c in rows}
+def pick_cluster(report: DiagnosisReport, key: str) -> Cluster | None:
+    by_id = {c.id: c for c in report.clusters}
+    labels = {c.id: f"{views.cluster_title(c, 70)} · {c.verdict} · {views.count(c.size, 'failure')}"
+              for c in report.clusters}
     chosen = ui.pick("Cluster", list(by_id), labels, key=key, memory=_cluster_memory(report))
     return by_id.get(chosen or "")
 
 
-def drilldown(svc: Service, report: Mapping[str, Any]) -> None:
+def drilldown(svc: Service, report: DiagnosisReport) -> None:
     """Cluster -> its failing instances -> one instance's whole trajectory."""
-    cluster = pick_cluster(report, key=f"drill:{report.get('id')}")
+    cluster = pick_cluster(report, key=f"drill:{report.id}")
     if cluster is None:
         return
-    ui.cluster_card(cluster)
+    ui.cluster_card(cluster, report.patch(cluster.id))
     every = views.member_rows(cluster)
-    scope = f"{report.get('id')}:{cluster['id']}"
+    scope = f"{report.id}:{cluster.id}"
     model_col, type_col, search_col = st.columns([2, 2, 2])
     models = model_col.multiselect("Models", sorted({r["model"] for r in every}), key=f"members:{scope}:models",
                                    placeholder="all models")
@@ -137,7 +136,7 @@ def drilldown(svc: Service, report: Mapping[str, Any]) -> None:
         return
     options = [f"{r['run']}/{r['instance']}" for r in rows]
     labels = {f"{r['run']}/{r['instance']}": f"{r['instance']} · {r['model']} · {r['category']}" for r in rows}
-    chosen = ui.pick("Trajectory of instance", options, labels, key=f"member:{report.get('id')}:{cluster['id']}",
+    chosen = ui.pick("Trajectory of instance", options, labels, key=f"member:{report.id}:{cluster.id}",
                      memory=_member_memory(report))
     if chosen:
         run_id, _, instance_id = chosen.partition("/")
@@ -151,40 +150,39 @@ def drilldown(svc: Service, report: Mapping[str, Any]) -> None:
             ui.trajectory(result, ui.agent_instance(svc, svc.get_run(run_id).suite, result))
 
 
-def conversation(report: Mapping[str, Any]) -> None:
+def conversation(report: DiagnosisReport) -> None:
     """One cluster's diagnosis: the roles' chat on the right, verdict and final spec on the left."""
-    cluster = pick_cluster(report, key=f"conv:{report.get('id')}")
+    cluster = pick_cluster(report, key=f"conv:{report.id}")
     if cluster is None:
         return
-    proposal = views.proposal_json(report, cluster["id"])
     left, right = st.columns([2, 3], gap="large")
     with left:
-        st.markdown(f"#### {ui.md(cluster['id'])} · {ui.md(cluster['label'])}")
-        ui.verdict_badge(cluster["verdict"])
-        st.markdown(ui.md(cluster.get("reason", "")))
-        st.caption(f"{views.count(cluster['size'], 'failure')} · {views.count(len(cluster.get('instances', [])), 'instance')} · "
-                   f"systematicity {cluster.get('systematicity', 0):.2f}")
-        _outcome(cluster, proposal)
+        st.markdown(f"#### {ui.md(cluster.id)} · {ui.md(cluster.label)}")
+        ui.verdict_badge(cluster.verdict)
+        st.markdown(ui.md(cluster.reason))
+        st.caption(f"{views.count(cluster.size, 'failure')} · {views.count(len(cluster.instances), 'instance')} · "
+                   f"systematicity {cluster.systematicity:.2f}")
+        _outcome(report, cluster, report.proposal_for(cluster.id))
     with right:
         st.markdown("#### Role conversation")
-        ui.chat_transcript(views.transcript(report, cluster["id"]))
+        ui.chat_transcript(report.transcript(cluster.id))
 
 
-def _outcome(cluster: Mapping[str, Any], proposal: Mapping[str, Any] | None) -> None:
+def _outcome(report: DiagnosisReport, cluster: Cluster, proposal: Proposal | None) -> None:
     st.divider()
     if proposal is None:
         st.markdown("**Outcome**")
-        st.info(ui.md(views.patch_status(cluster)), icon=":material/block:")
+        st.info(ui.md(report.patch(cluster.id).text()), icon=":material/block:")
         return
-    endorsed = proposal.get("status") in ("endorsed", "accepted")  # "accepted": reports stored before the rename
-    st.markdown(f"**Final modification specification** — proposal `{proposal['id']}`, "
+    endorsed = proposal.status == "endorsed"  # Proposal.from_json reads the older name "accepted" as this
+    st.markdown(f"**Final modification specification** — proposal `{proposal.id}`, "
                 f"{'endorsed by the Critic' if endorsed else 'rejected by the Critic'} after "
-                f"{proposal.get('rounds', 1)} round(s)")
-    ui.spec_card(proposal.get("spec", {}))
-    if proposal.get("objections"):
-        st.markdown("**Critic's objections**\n" + "\n".join(f"- {ui.md(o)}" for o in proposal["objections"]))
+                f"{proposal.rounds} round(s)")
+    ui.spec_card(proposal.spec)
+    if proposal.objections:
+        st.markdown("**Critic's objections**\n" + "\n".join(f"- {ui.md(o)}" for o in proposal.objections))
     if endorsed:
-        remember("proposal", str(proposal["id"]))
+        remember("proposal", proposal.id)
         ui.page_link("review", "Review this proposal", ":material/rate_review:")
 
 

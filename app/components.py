@@ -13,10 +13,13 @@ from app.guard import error_text, shown_errors
 from app.state import remember, remembered
 from app.text import code, md
 from app.tool_calls import ToolCallsView, tool_calls_view
+from ecdysis.aggregate import Cluster
+from ecdysis.diagnosis import PatchOutcome
 from ecdysis.diffs import FileDiff
 from ecdysis.errors import NotFound
 from ecdysis.failures import calls_target, is_agent_instance
 from ecdysis.records import Instance, InstanceResult, RunRecord
+from ecdysis.roles.base import ModificationSpec, RoleMessage
 from ecdysis.service import Service
 from ecdysis.store import JobRecord
 
@@ -370,25 +373,24 @@ def verdict_badge(verdict: str) -> None:
     st.badge(verdict, color=VERDICT_BADGE.get(verdict, "gray"))  # type: ignore[arg-type]
 
 
-def cluster_card(c: Mapping[str, Any]) -> None:
+def cluster_card(c: Cluster, patch: PatchOutcome) -> None:
     """A cluster as the engine judged it: verdict, spread, systematicity, why, evidence, patch."""
     with st.container(border=True):
         head, badge = st.columns([5, 1], vertical_alignment="center")
-        head.markdown(f"#### {md(c['id'])} · {md(c['label'])}")
+        head.markdown(f"#### {md(c.id)} · {md(c.label)}")
         with badge:
-            verdict_badge(c["verdict"])
+            verdict_badge(c.verdict)
         m1, m2, m3, m4 = st.columns(4)
-        m1.metric("failures", c["size"])
-        m2.metric("instances", len(c.get("instances", [])))
-        m3.metric("categories", len(c.get("categories", {})))
-        m4.metric("systematicity", f"{c.get('systematicity', 0.0):.2f}")
-        st.markdown(md(c.get("reason", "")))
-        parts = c.get("components", {})
+        m1.metric("failures", c.size)
+        m2.metric("instances", len(c.instances))
+        m3.metric("categories", len(c.categories))
+        m4.metric("systematicity", f"{c.systematicity:.2f}")
+        st.markdown(md(c.reason))
         st.caption("systematicity components: " + " · ".join(
-            f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in parts.items()))
-        if c.get("evidence"):
-            st.markdown("\n".join(f"- {md(e)}" for e in c["evidence"]))
-        st.caption(f"patch: {md(views.patch_status(c))}")
+            f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in c.components.items()))
+        if c.evidence:
+            st.markdown("\n".join(f"- {md(e)}" for e in c.evidence))
+        st.caption(f"patch: {md(patch.text())}")
 
 
 def _checks(checks: Iterable[Mapping[str, Any]]) -> None:
@@ -397,25 +399,25 @@ def _checks(checks: Iterable[Mapping[str, Any]]) -> None:
         st.markdown(f"{mark} **{md(ch.get('name'))}** — {md(ch.get('detail', ''))}")
 
 
-def _role_message(m: Mapping[str, Any]) -> None:
-    role, kind = str(m.get("role", "")), str(m.get("kind", ""))
+def _role_message(m: RoleMessage) -> None:
+    role, kind = str(m.role or ""), str(m.kind or "")
     who = "Engine checks" if kind == "check" else role.title()
     avatar = ROLE_AVATAR["engine"] if kind == "check" else ROLE_AVATAR.get(role, ":material/person:")
     with st.chat_message(who, avatar=avatar):
-        st.markdown(f"**{md(who)}** :gray[· {md(kind)} · {md(m.get('backend', ''))}]")
+        st.markdown(f"**{md(who)}** :gray[· {md(kind)} · {md(m.backend or '')}]")
         if kind == "check":
-            _checks((m.get("data") or {}).get("checks", []))
+            _checks((m.data or {}).get("checks", []))
         elif kind in ("prompt", "reply", "repair"):
             with st.expander({"prompt": "prompt sent", "reply": "raw reply", "repair": "repair request"}[kind]):
-                st.text(m.get("text", ""))
+                st.text(m.text or "")
         else:
-            st.markdown(md(m.get("text", "")))
-            if m.get("data"):
+            st.markdown(md(m.text or ""))
+            if m.data:
                 with st.expander("structured output"):
-                    st.json(m["data"], expanded=1)
+                    st.json(m.data, expanded=1)
 
 
-def chat_transcript(messages: Sequence[Mapping[str, Any]]) -> None:
+def chat_transcript(messages: Sequence[RoleMessage]) -> None:
     """The role-by-role conversation, round by round, readable like a chat."""
     if not messages:
         st.caption("No role conversation for this cluster.")
@@ -427,17 +429,17 @@ def chat_transcript(messages: Sequence[Mapping[str, Any]]) -> None:
             _role_message(m)
 
 
-def spec_card(spec: Mapping[str, Any]) -> None:
+def spec_card(spec: ModificationSpec) -> None:
     """A modification specification: what changes where, why, the expected effect, the risk."""
-    files = ", ".join(code(f) for f in spec.get("target_files", []))
-    operator = f" · operator {code(spec['operator'])}" if spec.get("operator") else " · hand-written"
-    st.markdown(f"**Change** ({files}{operator})  \n{md(spec.get('change', ''))}")
-    st.markdown(f"**Root cause**  \n{md(spec.get('root_cause', ''))}")
-    st.markdown(f"**Expected effect**  \n{md(spec.get('expected_effect', ''))}")
-    st.markdown(f"**Scope**  \n{md(spec.get('scope', ''))}")
-    st.warning(f"**Risk** — {md(spec.get('risk', ''))}", icon=":material/warning:")
-    if spec.get("exemplars"):
-        st.caption("few-shot exemplars quoted: " + md(", ".join(map(str, spec["exemplars"]))))
+    files = ", ".join(code(f) for f in spec.target_files)
+    operator = f" · operator {code(spec.operator)}" if spec.operator else " · hand-written"
+    st.markdown(f"**Change** ({files}{operator})  \n{md(spec.change)}")
+    st.markdown(f"**Root cause**  \n{md(spec.root_cause)}")
+    st.markdown(f"**Expected effect**  \n{md(spec.expected_effect)}")
+    st.markdown(f"**Scope**  \n{md(spec.scope)}")
+    st.warning(f"**Risk** — {md(spec.risk)}", icon=":material/warning:")
+    if spec.exemplars:
+        st.caption("few-shot exemplars quoted: " + md(", ".join(map(str, spec.exemplars))))
 
 
 def checks_list(checks: Iterable[Mapping[str, Any]]) -> None:

@@ -11,6 +11,7 @@ from app import views
 from app.guard import shown_errors
 from app.state import remember
 from ecdysis.diffs import diff_files
+from ecdysis.roles.base import ModificationSpec
 from ecdysis.service import RunRequest, Service
 from ecdysis.store import ProposalRecord
 
@@ -71,7 +72,7 @@ def details(p: ProposalRecord) -> None:
     """Spec and risk on the left, the Critic's hard checks and objections on the right."""
     left, right = st.columns([3, 2], gap="large")
     with left:
-        ui.spec_card(p.spec)
+        ui.spec_card(ModificationSpec.from_json(p.spec))
     with right:
         st.markdown("**Critic's checks**")
         ui.checks_list(p.data.get("checks", []))

@@ -8,8 +8,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from ecdysis.failures import AGENT_TYPES
+from ecdysis.aggregate import Cluster
+from ecdysis import diagnosis
+from ecdysis.diagnosis import DiagnosisReport
+from ecdysis.failures import AGENT_TYPES, Failure
 from ecdysis.records import InstanceResult, RunRecord
+from ecdysis.roles.base import RoleMessage
 from ecdysis.store import DiagnosisRecord, EvolutionRecord, HarnessVersion, JobRecord, ProposalRecord
 
 ACTIVE_JOB = ("queued", "running")
@@ -93,13 +97,10 @@ CLUSTER_COLUMNS = ("cluster", "type", "verdict", "failures", "instances", "categ
                    "systematicity", "label", "reason")
 
 
-def diagnosis_csv(report: Mapping[str, Any]) -> str:
+def diagnosis_csv(report: DiagnosisReport) -> str:
     """One row per cluster of a diagnosis report."""
-    rows = []
-    for c in report.get("clusters") or []:
-        rows.append([c.get("id"), c.get("type"), c.get("verdict"), c.get("size", len(c.get("members") or [])),
-                     len(c.get("instances") or []), " ".join(c.get("categories") or []),
-                     " ".join(c.get("models") or []), c.get("systematicity"), c.get("label"), c.get("reason")])
+    rows = [[c.id, c.type, c.verdict, c.size, len(c.instances), " ".join(c.categories), " ".join(c.models),
+             c.systematicity, c.label, c.reason] for c in report.clusters]
     return to_csv(CLUSTER_COLUMNS, rows)
 
 
@@ -226,42 +227,48 @@ def filter_results(results: Sequence[InstanceResult], *, outcome: str = "all", c
 
 # ---------------------------------------------------------------- diagnoses
 
+_REPORTS: dict[tuple[str, float], DiagnosisReport] = {}
+
+
+def report_of(rec: DiagnosisRecord) -> DiagnosisReport:
+    """A stored diagnosis as the typed report the pages read. A stored diagnosis never changes, so
+    each is parsed once per process (the pages ask on every rerun)."""
+    key = (rec.id, rec.created_at)
+    if key not in _REPORTS:
+        if len(_REPORTS) >= 64:
+            _REPORTS.pop(next(iter(_REPORTS)))
+        _REPORTS[key] = diagnosis.report_of(rec)
+    return _REPORTS[key]
+
+
 def diagnosis_label(rec: DiagnosisRecord) -> str:
-    rep = rec.report
-    stats = rep.get("stats", {})
-    models = ", ".join(rep.get("models", []))
-    return (f"{rec.id} · {when(rec.created_at)} · {count(len(rec.run_ids), 'run')} · {models} · "
-            f"{count(int(stats.get('failures', 0)), 'failure')} → {count(len(rep.get('clusters', [])), 'cluster')}")
+    rep = report_of(rec)
+    failures = int(rep.stats.get("failures", 0) or 0)
+    return (f"{rec.id} · {when(rec.created_at)} · {count(len(rec.run_ids), 'run')} · {', '.join(rep.models)} · "
+            f"{count(failures, 'failure')} → {count(len(rep.clusters), 'cluster')}")
 
 
-def clusters(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return list(report.get("clusters", []))
+def cluster_title(c: Cluster, width: int = 60) -> str:
+    shown = c.label if len(c.label) <= width else c.label[: width - 1] + "…"
+    return f"{c.id} · {shown}"
 
 
-def cluster_title(c: Mapping[str, Any], width: int = 60) -> str:
-    label = str(c.get("label", ""))
-    shown = label if len(label) <= width else label[: width - 1] + "…"
-    return f"{c['id']} · {shown}"
-
-
-def member_rows(cluster: Mapping[str, Any]) -> list[dict[str, Any]]:
+def member_rows(cluster: Cluster) -> list[dict[str, Any]]:
     """A cluster's failures as table rows. A text answer's row shows its evidence; an agent's
     (`failures.AGENT_TYPES`) shows instead how its calls went wrong (the mechanism) and the
     checker's detail, which is what its evidence is made of."""
-    return [_member_row(m) for m in cluster.get("members", [])]
+    return [_member_row(f) for f in cluster.failures]
 
 
-def _member_row(m: Mapping[str, Any]) -> dict[str, Any]:
-    agent = m.get("type") in AGENT_TYPES
-    detail = m.get("detail") or {}
-    row: dict[str, Any] = {"instance": m["instance_id"], "model": m["model"], "category": m["category"],
-                           "failure": m.get("type", "")}
+def _member_row(f: Failure) -> dict[str, Any]:
+    agent = f.type in AGENT_TYPES
+    row: dict[str, Any] = {"instance": f.instance_id, "model": f.model, "category": f.category, "failure": f.type}
     if agent:
-        row |= {"mechanism": str(detail.get("mechanism") or ""), "check": str(detail.get("check") or "")}
-    row |= {"answer": (m.get("answer") or "")[:60], "target": str(m.get("target", ""))[:60]}
+        row |= {"mechanism": str(f.detail.get("mechanism") or ""), "check": str(f.detail.get("check") or "")}
+    row |= {"answer": (f.answer or "")[:60], "target": str(f.target)[:60]}
     if not agent:
-        row["evidence"] = m.get("excerpt", "")
-    return row | {"run": m["run_id"]}
+        row["evidence"] = f.excerpt
+    return row | {"run": f.run_id}
 
 
 def filter_members(rows: Sequence[Mapping[str, Any]], *, models: Sequence[str] = (),
@@ -284,46 +291,23 @@ def member_evidence(row: Mapping[str, Any]) -> str:
     return str(row.get("evidence", ""))
 
 
-def proposal_json(report: Mapping[str, Any], cluster_id: str) -> dict[str, Any] | None:
-    return next((p for p in report.get("proposals", []) if p.get("cluster_id") == cluster_id), None)
-
-
-def transcript(report: Mapping[str, Any], cluster_id: str) -> list[dict[str, Any]]:
-    """The role messages of one cluster: its proposal's, or (no proposal came of it) the
-    transcript stored with the cluster's patch outcome; empty for clusters never refined."""
-    proposal = proposal_json(report, cluster_id)
-    if proposal is not None:
-        return list(proposal.get("transcript", []))
-    cluster = next((c for c in clusters(report) if c["id"] == cluster_id), {})
-    return list(cluster.get("patch", {}).get("transcript", []))
-
-
-def output_backends(report: Mapping[str, Any]) -> str:
+def output_backends(report: DiagnosisReport) -> str:
     """Which backend actually produced the roles' outputs across the report ("12 from llm:qwen…,
     3 from heuristic (fallback)"): an LLM role backend falls back per turn, and this says how often."""
     counts: dict[str, int] = {}
-    messages = [m for p in report.get("proposals", []) for m in p.get("transcript", [])]
-    messages += [m for c in report.get("clusters", []) for m in (c.get("patch") or {}).get("transcript", [])]
+    messages = [m for p in report.proposals for m in p.transcript]
+    messages += [m for c in report.clusters for m in report.patch(c.id).transcript]
     for m in messages:
-        if m.get("kind") == "output":
-            name = str(m.get("backend", ""))
-            counts[name] = counts.get(name, 0) + 1
+        if m.kind == "output":
+            counts[m.backend] = counts.get(m.backend, 0) + 1
     return ", ".join(f"{n} from {name}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def by_round(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, list[Mapping[str, Any]]]]:
-    rounds: dict[int, list[Mapping[str, Any]]] = {}
+def by_round(messages: Sequence[RoleMessage]) -> list[tuple[int, list[RoleMessage]]]:
+    rounds: dict[int, list[RoleMessage]] = {}
     for m in messages:
-        rounds.setdefault(int(m.get("round") or 1), []).append(m)
+        rounds.setdefault(int(m.round or 1), []).append(m)
     return sorted(rounds.items())
-
-
-def patch_status(cluster: Mapping[str, Any]) -> str:
-    patch = cluster.get("patch", {})
-    if patch.get("proposal_id"):
-        state = patch.get("status", "")
-        return f"proposal {patch['proposal_id']} ({state})" if state else f"proposal {patch['proposal_id']}"
-    return str(patch.get("no_patch_reason") or "not refined")
 
 
 # ---------------------------------------------------------------- the failure map
@@ -353,20 +337,19 @@ def _jitter(key: str, scale: float) -> tuple[float, float]:
     return ((digest[0] / 255 - 0.5) * scale, (digest[1] / 255 - 0.5) * scale)
 
 
-def failure_map(report: Mapping[str, Any]) -> list[MapPoint]:
+def failure_map(report: DiagnosisReport) -> list[MapPoint]:
     """Every failure of a diagnosis at 2-D coordinates: TF-IDF of its evidence (signature, type
     and excerpt) reduced by truncated SVD, the same text the clustering worked on. No model calls."""
-    members = [(c["id"], m) for c in clusters(report) for m in c.get("members", [])]
+    members = [(c.id, f) for c in report.clusters for f in c.failures]
     if not members:
         return []
-    texts = [f"{m.get('type', '')} {m.get('signature', '')} {m.get('excerpt', '')}" for _, m in members]
-    coords = _project(texts)
+    coords = _project([f"{f.type} {f.signature} {f.excerpt}" for _, f in members])
     span = max(1e-9, float(coords[:, 0].max() - coords[:, 0].min()), float(coords[:, 1].max() - coords[:, 1].min()))
     points = []
-    for (cid, m), (x, y) in zip(members, coords):
-        dx, dy = _jitter(f"{m['run_id']}/{m['instance_id']}", 0.04 * span)
-        points.append(MapPoint(float(x) + dx, float(y) + dy, cid, m["instance_id"], m["model"],
-                               m["category"], m.get("excerpt", ""), m["run_id"]))
+    for (cid, f), (x, y) in zip(members, coords):
+        dx, dy = _jitter(f"{f.run_id}/{f.instance_id}", 0.04 * span)
+        points.append(MapPoint(float(x) + dx, float(y) + dy, cid, f.instance_id, f.model, f.category, f.excerpt,
+                               f.run_id))
     return points
 
 
@@ -394,7 +377,7 @@ def proposal_label(p: ProposalRecord, titles: Mapping[str, str] | None = None) -
 
 def cluster_titles(diagnoses: Iterable[DiagnosisRecord], width: int = 50) -> dict[str, str]:
     """`diagnosis id/cluster id` -> readable cluster title, for labelling proposals."""
-    return {f"{d.id}/{c['id']}": cluster_title(c, width) for d in diagnoses for c in clusters(d.report)}
+    return {f"{d.id}/{c.id}": cluster_title(c, width) for d in diagnoses for c in report_of(d).clusters}
 
 
 def evolution_of(proposal: ProposalRecord, evolutions: Iterable[EvolutionRecord]) -> EvolutionRecord | None:

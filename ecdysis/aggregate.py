@@ -521,10 +521,11 @@ class Cluster:
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "Cluster":
         return Cluster(
-            id=data["id"], type=data["type"], label=data["label"],
+            id=data["id"], type=data.get("type", ""), label=data.get("label", ""),
             failures=[Failure.from_json(f) for f in data.get("members", [])], terms=list(data.get("terms", [])),
-            systematicity=float(data["systematicity"]), components=dict(data.get("components", {})),
-            verdict=data["verdict"], reason=data["reason"], evidence=list(data.get("evidence", [])),
+            systematicity=float(data.get("systematicity") or 0.0), components=dict(data.get("components", {})),
+            verdict=data.get("verdict", "noise"), reason=data.get("reason", ""),
+            evidence=list(data.get("evidence", [])),
             rates={m: ModelRate(**r) for m, r in data.get("model_rates", {}).items()},
             consistency=float(data.get("consistency", 0.0)), probe=dict(data.get("probe") or {}))
 

@@ -175,11 +175,11 @@ def diagnose(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Cluster the failures of runs across instances and models, attribute them, propose patches."""
-    from ecdysis.diagnosis import DiagnosisReport
+    from ecdysis.diagnosis import report_of
     svc = _service()
     with err.status("diagnosing: clustering failures, running the roles"):
         rec = svc.diagnose(list(run_ids), role_backend=roles, max_rounds=max_rounds)
-    report = DiagnosisReport.from_json(rec.report)
+    report = report_of(rec)
     if as_json:
         _emit_json(report.to_json())
         return

@@ -27,7 +27,7 @@ from ecdysis.probe import probe_clusters
 from ecdysis.records import InstanceResult, RunRecord, Suite
 from ecdysis.refine import CriticChecks, DataIndex, Proposal, RefineOutcome, Refiner, SmokeRunner
 from ecdysis.roles import make_role_backend
-from ecdysis.roles.base import CaseFile, Exemplar, RoleBackend, render_transcript
+from ecdysis.roles.base import CaseFile, Exemplar, RoleBackend, RoleMessage, render_transcript
 from ecdysis.sandbox import SandboxLimits
 from ecdysis.store import DiagnosisRecord, HarnessVersion, Store
 
@@ -35,6 +35,31 @@ NO_PATCH = {
     "model-specific": "no patch: the pattern is one model's quirk, and the harness is not bent to fit one model",
     "noise": "no patch: the pattern is too small or too inconsistent to justify a harness change",
 }
+
+
+@dataclass(frozen=True)
+class PatchOutcome:
+    """What became of one cluster in a diagnosis: the proposal made for it (or shared with the
+    cluster `shared_with`, which wanted the same change), or why none was made."""
+
+    proposal_id: str | None = None
+    status: str = ""                    # the Critic's word on the proposal: endorsed | rejected
+    no_patch_reason: str | None = None
+    shared_with: str | None = None
+    transcript: tuple[RoleMessage, ...] = ()   # the roles' messages when no proposal of its own came of it
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any] | None) -> "PatchOutcome":
+        d = data or {}
+        return cls(proposal_id=d.get("proposal_id"), status=str(d.get("status") or ""),
+                   no_patch_reason=d.get("no_patch_reason"), shared_with=d.get("shared_with"),
+                   transcript=tuple(RoleMessage.from_json(m) for m in d.get("transcript") or ()))
+
+    def text(self) -> str:
+        """In words: "proposal P (endorsed)", or the reason no patch was made."""
+        if self.proposal_id:
+            return f"proposal {self.proposal_id} ({self.status})" if self.status else f"proposal {self.proposal_id}"
+        return self.no_patch_reason or "not refined"
 
 
 @dataclass
@@ -58,6 +83,15 @@ class DiagnosisReport:
     def proposal_for(self, cluster_id: str) -> Proposal | None:
         return next((p for p in self.proposals if p.cluster_id == cluster_id), None)
 
+    def patch(self, cluster_id: str) -> PatchOutcome:
+        return PatchOutcome.parse(self.outcomes.get(cluster_id))
+
+    def transcript(self, cluster_id: str) -> list[RoleMessage]:
+        """The role messages of one cluster: its proposal's, or (no proposal of its own came of it)
+        those stored with its patch outcome; empty for clusters never refined."""
+        proposal = self.proposal_for(cluster_id)
+        return list(proposal.transcript) if proposal is not None else list(self.patch(cluster_id).transcript)
+
     def to_json(self) -> dict[str, Any]:
         clusters = []
         for rank, c in enumerate(self.clusters, start=1):
@@ -72,11 +106,12 @@ class DiagnosisReport:
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "DiagnosisReport":
         return DiagnosisReport(
-            id=data["id"], run_ids=list(data["run_ids"]), harness_version=data["harness_version"],
+            id=data["id"], run_ids=list(data.get("run_ids", [])), harness_version=data.get("harness_version", ""),
             models=list(data.get("models", [])), suites=list(data.get("suites", [])),
-            role_backend=data.get("role_backend", ""), clusters=[Cluster.from_json(c) for c in data["clusters"]],
-            proposals=[Proposal.from_json(p) for p in data["proposals"]],
-            outcomes={c["id"]: c["patch"] for c in data["clusters"] if "patch" in c},
+            role_backend=data.get("role_backend", ""),
+            clusters=[Cluster.from_json(c) for c in data.get("clusters", [])],
+            proposals=[Proposal.from_json(p) for p in data.get("proposals", [])],
+            outcomes={c["id"]: c["patch"] for c in data.get("clusters", []) if "patch" in c},
             notes=list(data.get("notes", [])), stats=dict(data.get("stats", {})),
             created_at=float(data.get("created_at", 0.0)))
 
@@ -279,6 +314,13 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
             entry["transcript"] = [m.to_json() for m in outcome.transcript]
         outcomes[cluster.id] = entry
     return outcomes, proposals
+
+
+def report_of(rec: DiagnosisRecord) -> DiagnosisReport:
+    """A stored diagnosis as its typed report: what every reader outside the engine uses instead
+    of the stored JSON (reports written by older versions read too)."""
+    return DiagnosisReport.from_json({"id": rec.id, "run_ids": rec.run_ids, "harness_version": rec.harness_version,
+                                      **rec.report})
 
 
 def store_report(store: Store, report: DiagnosisReport) -> DiagnosisRecord:

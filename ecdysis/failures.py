@@ -97,7 +97,11 @@ class Failure:
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "Failure":
-        return Failure(**{k: data[k] for k in Failure.__dataclass_fields__ if k in data})
+        """Tolerant of reports stored by older versions: a field they lack takes a neutral value."""
+        neutral: dict[str, Any] = {"run_id": "", "suite": "", "instance_id": "", "category": "", "split": None,
+                                   "model": "", "harness_version": "", "type": "", "excerpt": "", "signature": "",
+                                   "answer": None, "target": "", "shape": "text"}
+        return Failure(**{**neutral, **{k: data[k] for k in Failure.__dataclass_fields__ if k in data}})
 
 
 # The suite's answer form (`suites.forms`, in `fields["answer_form"]`) -> the taxonomy's shape.

@@ -6,7 +6,7 @@ import streamlit as st
 from app import components as ui
 from app import compare_ui, demo_ui, forms, suite_import, views
 from app.guard import shown_errors
-from app.state import remember, service
+from app.state import service
 
 svc = service()
 st.title("Runs")

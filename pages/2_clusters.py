@@ -5,7 +5,7 @@ import streamlit as st
 
 from app import clusters_ui as cv
 from app import components as ui
-from app import forms
+from app import forms, views
 from app.guard import shown_errors
 from app.state import remember, service
 
@@ -38,9 +38,10 @@ with shown_errors():
     else:
         diagnosis = cv.pick_diagnosis(diagnoses, key="clusters:diagnosis")
         if diagnosis is not None:
-            cv.overview(diagnosis.report)
-            if not diagnosis.report.get("clusters"):
+            report = views.report_of(diagnosis)
+            cv.overview(report)
+            if not report.clusters:
                 ui.empty_state("This batch has no failures to cluster.", icon=":material/celebration:")
-            cv.cluster_charts(diagnosis.report)
+            cv.cluster_charts(report)
             st.subheader("Drill down")
-            cv.drilldown(svc, diagnosis.report)
+            cv.drilldown(svc, report)

@@ -26,15 +26,16 @@ with shown_errors():
     else:
         diagnosis = cv.pick_diagnosis(diagnoses, key="diagnoses:diagnosis")
         if diagnosis is not None:
-            st.caption(ui.md(f"roles: {cv.role_backend_text(str(diagnosis.report.get('role_backend', '')))}"))
+            report = views.report_of(diagnosis)
+            st.caption(ui.md(f"roles: {cv.role_backend_text(report.role_backend)}"))
             down_csv, down_json, _ = st.columns([1, 1, 3])
-            down_csv.download_button("Clusters as CSV", views.diagnosis_csv(diagnosis.report),
+            down_csv.download_button("Clusters as CSV", views.diagnosis_csv(report),
                                      file_name=f"ecdysis-diagnosis-{diagnosis.id}.csv", mime="text/csv",
                                      icon=":material/table:")
-            down_json.download_button("Diagnosis as JSON", json.dumps(diagnosis.report, ensure_ascii=False, indent=1),
+            down_json.download_button("Diagnosis as JSON", json.dumps(report.to_json(), ensure_ascii=False, indent=1),
                                       file_name=f"ecdysis-diagnosis-{diagnosis.id}.json", mime="application/json",
                                       icon=":material/data_object:",
                                       help="every cluster with its failures, verdict, role transcript and proposal")
-            if not diagnosis.report.get("clusters"):
+            if not report.clusters:
                 ui.empty_state("No failures, so nothing to diagnose.", icon=":material/celebration:")
-            cv.conversation(diagnosis.report)
+            cv.conversation(report)

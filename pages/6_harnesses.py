@@ -3,7 +3,6 @@ validation scores), a diff between any two versions, export as a zip and import 
 
 import streamlit as st
 
-from app import components as ui
 from app import harness_ui as hv
 from app import views
 from app.guard import shown_errors

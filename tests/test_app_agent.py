@@ -22,6 +22,7 @@ import pytest
 import hostile_world
 from app import views
 from app.tool_calls import expected_rows, tool_calls_view
+from ecdysis.aggregate import Cluster
 from ecdysis.failures import calls_target
 from ecdysis.failures import FAILURE_TITLES
 from ecdysis.models.registry import register_backend
@@ -159,7 +160,7 @@ def test_agent_members_show_mechanism_and_check_where_text_members_show_evidence
              "detail": {"mechanism": "wrong type", "check": "triangle_area.base is str '10', expected integer"}}
     text = {"instance_id": "q1", "model": "m", "category": "math", "type": "wrong_answer", "run_id": "r",
             "answer": "5", "target": "4", "excerpt": "said 5"}
-    agent_row, text_row = views.member_rows({"members": [agent, text]})
+    agent_row, text_row = views.member_rows(Cluster.from_json({"id": "c1", "members": [agent, text]}))
     check = "triangle_area.base is str '10', expected integer"
     assert (agent_row["mechanism"], agent_row["check"]) == ("wrong type", check)
     assert "evidence" not in agent_row and "mechanism" not in text_row and text_row["evidence"] == "said 5"

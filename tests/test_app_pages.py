@@ -26,6 +26,7 @@ from streamlit.testing.v1 import AppTest
 from app import diffview, views
 from app.guard import error_text, password_matches
 from ecdysis.errors import InputError
+from ecdysis.diagnosis import DiagnosisReport
 from ecdysis.evolve import EvolveConfig
 from ecdysis.models.registry import register_backend
 from ecdysis.models.scripted import Rule, ScriptedBackend
@@ -698,12 +699,12 @@ def test_harness_lineage_and_diff_between_versions(world: World, svc: Service) -
 # ---------------------------------------------------------------- the pure helpers behind the pages
 
 def test_failure_map_places_every_failure_deterministically(world: World, svc: Service) -> None:
-    report = svc.get_diagnosis(world.diagnosis_id).report
+    report = views.report_of(svc.get_diagnosis(world.diagnosis_id))
     points = views.failure_map(report)
-    assert len(points) == sum(c["size"] for c in report["clusters"])
+    assert len(points) == sum(c.size for c in report.clusters)
     assert points == views.failure_map(report)
-    assert {p.cluster_id for p in points} == {c["id"] for c in report["clusters"]}
-    assert views.failure_map({"clusters": []}) == []
+    assert {p.cluster_id for p in points} == {c.id for c in report.clusters}
+    assert views.failure_map(DiagnosisReport.from_json({"id": "empty"})) == []
 
 
 def test_comparison_numbers_and_missing_test_split() -> None:
@@ -788,9 +789,9 @@ def test_exports_are_complete_and_inert_in_a_spreadsheet(world: World, svc: Serv
     hostile = [dc_replace(results[0], answer="=HYPERLINK(\"http://x\")", target="-2")]
     row = list(csv.reader(io.StringIO(views.run_csv(hostile))))[1]
     assert row[4] == "'=HYPERLINK(\"http://x\")" and row[5] == "'-2"
-    report = next(d for d in svc.diagnoses() if d.id == world.diagnosis_id).report
+    report = views.report_of(next(d for d in svc.diagnoses() if d.id == world.diagnosis_id))
     clusters = list(csv.reader(io.StringIO(views.diagnosis_csv(report))))
-    assert clusters[0] == list(views.CLUSTER_COLUMNS) and len(clusters) == len(report["clusters"]) + 1
+    assert clusters[0] == list(views.CLUSTER_COLUMNS) and len(clusters) == len(report.clusters) + 1
 
 
 def test_results_filter_by_outcome_category_and_text(world: World, svc: Service) -> None:
@@ -807,8 +808,8 @@ def test_results_filter_by_outcome_category_and_text(world: World, svc: Service)
 
 
 def test_cluster_members_filter_by_model_failure_type_and_text(world: World, svc: Service) -> None:
-    report = svc.get_diagnosis(world.diagnosis_id).report
-    cluster = max(report["clusters"], key=lambda c: len({m["model"] for m in c["members"]}))
+    report = views.report_of(svc.get_diagnosis(world.diagnosis_id))
+    cluster = max(report.clusters, key=lambda c: len(c.models))
     rows = views.member_rows(cluster)
     model = rows[0]["model"]
     assert {r["model"] for r in views.filter_members(rows, models=[model])} == {model}
@@ -819,7 +820,7 @@ def test_cluster_members_filter_by_model_failure_type_and_text(world: World, svc
     # On the page: the filters narrow the table, its count says so, and the trajectory box offers
     # only what is shown.
     at = open_page("2_clusters")
-    by_label(at.selectbox, "Cluster").set_value(cluster["id"]).run()
+    by_label(at.selectbox, "Cluster").set_value(cluster.id).run()
     by_label(at.multiselect, "Models").set_value([model]).run()
     assert_clean(at)
     kept = views.filter_members(rows, models=[model])

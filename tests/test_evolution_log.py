@@ -92,14 +92,16 @@ def test_rows_written_by_older_versions_read_with_defaults() -> None:
     assert GateStep.parse({"kept": True, "verdict": None}).spent is None
 
 
-RAW_FIELDS = {"iterations", "metrics"}           # EvolutionRecord.iterations, HarnessVersion.metrics
+RAW_FIELDS = {"iterations", "metrics", "report"}  # EvolutionRecord.iterations, HarnessVersion.metrics,
+                                                  # DiagnosisRecord.report
 FACES = [*sorted((ROOT / "app").glob("*.py")), *sorted((ROOT / "pages").glob("*.py")),
          ROOT / "ecdysis" / "cli.py", ROOT / "ecdysis" / "compare.py"]
 
 
-def test_the_faces_read_evolutions_and_versions_only_typed() -> None:
-    """No face reaches into an evolution's or a version's JSON. `.result` is allowed only on a job
-    (`JobRecord.result`, a job's own output), named `job` or `last` where it is read."""
+def test_the_faces_read_evolutions_versions_and_diagnoses_only_typed() -> None:
+    """No face reaches into an evolution's, a version's or a diagnosis's JSON: `views.report_of`
+    (`diagnosis.report_of`) alone parses a stored diagnosis into its typed report. `.result` is allowed only
+    on a job (`JobRecord.result`, a job's own output), named `job` or `last` where it is read."""
     found = []
     for path in FACES:
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):

@@ -5,6 +5,7 @@ Clusters page's summary of a report counts the role outputs by the backend that 
 from __future__ import annotations
 
 from app import views
+from ecdysis.diagnosis import DiagnosisReport
 from ecdysis.models.registry import get_backend
 from ecdysis.roles import make_role_backend
 from ecdysis.roles.llm import LLMRoleBackend
@@ -15,13 +16,16 @@ def out(backend: str) -> dict[str, object]:
 
 
 def test_output_backends_counts_llm_and_fallback_outputs() -> None:
-    report = {"proposals": [{"transcript": [out("llm:qwen2.5-coder-1.5b"), out("llm:qwen2.5-coder-1.5b"),
-                                            {**out("llm:qwen2.5-coder-1.5b"), "kind": "reply"}]}],
-              "clusters": [{"id": "c2", "patch": {"transcript": [out("heuristic (fallback)"),
-                                                                  out("llm:qwen2.5-coder-1.5b")]}},
-                           {"id": "c3"}]}
+    proposal = {"id": "p1", "cluster_id": "c1", "status": "endorsed", "spec": {}, "diffs": [], "base_harness": "h",
+                "rounds": 1, "transcript": [out("llm:qwen2.5-coder-1.5b"), out("llm:qwen2.5-coder-1.5b"),
+                                            {**out("llm:qwen2.5-coder-1.5b"), "kind": "reply"}]}
+    report = DiagnosisReport.from_json({
+        "id": "d1", "proposals": [proposal],
+        "clusters": [{"id": "c1"}, {"id": "c2", "patch": {"transcript": [out("heuristic (fallback)"),
+                                                                          out("llm:qwen2.5-coder-1.5b")]}},
+                     {"id": "c3"}]})
     assert views.output_backends(report) == "3 from llm:qwen2.5-coder-1.5b, 1 from heuristic (fallback)"
-    assert views.output_backends({"proposals": [], "clusters": []}) == ""
+    assert views.output_backends(DiagnosisReport.from_json({"id": "d2"})) == ""
 
 
 def test_embedded_role_models_get_shorter_prompts_than_remote_ones() -> None:
