@@ -609,7 +609,7 @@ def evidence_key(f: Failure) -> str:
     if f.type == "empty_output":
         return "empty answer" + _mechanism_text(f)
     if f.type in AGENT_TYPES or f.type in MULTI_TURN_TYPES:
-        # How the calls went wrong (`failures.agent_verdict`): prose, broken syntax, no call, wrong type...
+        # How the calls went wrong (`failures.agent_failure`): prose, broken syntax, no call, wrong type...
         return str(f.detail.get("mechanism") or f.type)
     if f.type in MECHANISM_TYPES:
         # Above the wording: the mechanism is whether a well-formed answer was there to extract.

@@ -309,9 +309,9 @@ def classify(result: InstanceResult, instance: Instance) -> FailureType:
     if result.error_type:
         return _ERROR_TO_TYPE.get(result.error_type, "exception")
     if is_multi_turn_instance(instance):
-        return multi_turn_verdict(result, instance).type
+        return multi_turn_failure(result, instance).type
     if is_agent_instance(instance):
-        return agent_verdict(result, instance).type
+        return agent_failure(result, instance).type
     answer = (result.answer or "").strip()
     shape = expected_shape(instance)
     truncated = bool(result.calls) and result.calls[-1].finish_reason == "length"
@@ -408,7 +408,7 @@ def calls_target(target: str | None) -> bool:
 
 
 @dataclass(frozen=True)
-class AgentVerdict:
+class AgentFailure:
     """How an agent's answer went wrong: the taxonomy type, the mechanism within it (what a
     repair works on), the checker's reason and detail, and the calls read from the answer."""
 
@@ -432,7 +432,7 @@ def calls_in_text(text: str) -> bool:
     return any(parse_calls(c) for c in candidates)
 
 
-def agent_verdict(result: InstanceResult, instance: Instance) -> AgentVerdict:
+def agent_failure(result: InstanceResult, instance: Instance) -> AgentFailure:
     """The agent failure type of an incorrect result on an agent instance (`is_agent_instance`)."""
     from ecdysis.suites.bfcl import score_bfcl
     from ecdysis.suites.calls import parse_calls
@@ -461,7 +461,7 @@ def agent_verdict(result: InstanceResult, instance: Instance) -> AgentVerdict:
         mechanism = "no call" if not calls else "missing call" if len(calls) < expected else "extra call"
     else:
         mechanism = check.reason.replace("_", " ")
-    return AgentVerdict(kind, mechanism, check.reason, check.detail, calls, expected)
+    return AgentFailure(kind, mechanism, check.reason, check.detail, calls, expected)
 
 
 def _parameter_type(instance: Instance, where: str) -> str:
@@ -475,13 +475,13 @@ def _parameter_type(instance: Instance, where: str) -> str:
 
 
 def _agent_evidence(result: InstanceResult, instance: Instance) -> tuple[str, str, dict[str, Any]]:
-    verdict = agent_verdict(result, instance)
+    failure = agent_failure(result, instance)
     raw = result.raw_output
     last = result.calls[-1] if result.calls else None
     detail: dict[str, Any] = {
-        "reason": verdict.reason, "check": verdict.check[:300], "mechanism": verdict.mechanism,
-        "calls_made": None if verdict.calls is None else len(verdict.calls), "calls_expected": verdict.expected,
-        "called": [str(c.get("name")) for c in verdict.calls or []][:8],
+        "reason": failure.reason, "check": failure.check[:300], "mechanism": failure.mechanism,
+        "calls_made": None if failure.calls is None else len(failure.calls), "calls_expected": failure.expected,
+        "called": [str(c.get("name")) for c in failure.calls or []][:8],
         "finish_reason": last.finish_reason if last else None,
         "completion_tokens": last.completion_tokens if last else 0,
         "max_tokens": int((last.request or {}).get("max_tokens", 0)) if last else 0,
@@ -490,19 +490,19 @@ def _agent_evidence(result: InstanceResult, instance: Instance) -> tuple[str, st
     }
     # The signature says how the calls went wrong in words shared across tasks (never a function's
     # or a value's own name), so text similarity groups the same mechanism on different functions.
-    words = [verdict.mechanism]
-    if verdict.reason == "wrong_type":
-        found = _WRONG_TYPE.search(verdict.check)
+    words = [failure.mechanism]
+    if failure.reason == "wrong_type":
+        found = _WRONG_TYPE.search(failure.check)
         if found:
             words.append(f"{found.group(1)} given for {found.group(2)}")
-    elif verdict.reason == "wrong_value":
-        where = verdict.check.split(" = ", 1)[0]
+    elif failure.reason == "wrong_value":
+        where = failure.check.split(" = ", 1)[0]
         words.append(f"{_parameter_type(instance, where) or 'untyped'} parameter")
-    elif verdict.type == "unparsable_call":
+    elif failure.type == "unparsable_call":
         # The docs' words count as the task's own, so a function's name reads as `quoted`.
         words.append(normalise(raw, instance.input + " " + json.dumps(instance.fields.get("functions"))))
-    signature = " ".join(w for w in words if w).strip() or verdict.type
-    shown = verdict.check or verdict.mechanism
+    signature = " ".join(w for w in words if w).strip() or failure.type
+    shown = failure.check or failure.mechanism
     excerpt = f"{shown}; reply {_clip(raw, 100)!r}"
     return excerpt[:EXCERPT_CHARS], signature, detail
 
@@ -540,7 +540,7 @@ def _call_names(written: Sequence[str]) -> list[str]:
     return [s.split("(", 1)[0].strip() for s in written]
 
 
-def multi_turn_verdict(result: InstanceResult, instance: Instance, check: Any = None) -> AgentVerdict:
+def multi_turn_failure(result: InstanceResult, instance: Instance, check: Any = None) -> AgentFailure:
     """The failure type of an incorrect result on a multi-turn instance, read from the scorer's
     replay (`bfcl_multi_turn.score_multi_turn`) of the first turn that fails, in this order: the
     answer is no record of turns (unparsable_call); the replay did not finish (env_error); the turn
@@ -554,7 +554,7 @@ def multi_turn_verdict(result: InstanceResult, instance: Instance, check: Any = 
         from ecdysis.suites.bfcl_multi_turn import score_multi_turn
         check = score_multi_turn(result.answer or "", instance)
     if check.correct:  # scored wrong before, right now: the environments or the scorer changed
-        return AgentVerdict("wrong_answer", "right on a second replay", "", "", [], 0)
+        return AgentFailure("wrong_answer", "right on a second replay", "", "", [], 0)
     index = check.turn if check.turn is not None else 0
     replay = check.turns[index] if index < len(check.turns) else None
     calls = list(replay.calls) if replay else []
@@ -564,44 +564,44 @@ def multi_turn_verdict(result: InstanceResult, instance: Instance, check: Any = 
     stopped = str(record.get("stopped", ""))
     statuses = list(replay.statuses) if replay else []
 
-    def verdict(kind: FailureType, mechanism: str) -> AgentVerdict:
-        return AgentVerdict(kind, mechanism, check.reason, check.detail, calls, len(written))
+    def typed(kind: FailureType, mechanism: str) -> AgentFailure:
+        return AgentFailure(kind, mechanism, check.reason, check.detail, calls, len(written))
 
     if check.reason == "unreadable_answer":
-        return verdict("unparsable_call", "the answer is no record of turns")
+        return typed("unparsable_call", "the answer is no record of turns")
     if check.reason == "replay_failed":
-        return verdict("env_error", "the replay ran out of time or memory")
+        return typed("env_error", "the replay ran out of time or memory")
     erred = any(s != "ok" for s in statuses)
     if stopped == "step_limit":
-        return verdict("step_limit", "calls failing until the step limit" if erred else "calls until the step limit")
+        return typed("step_limit", "calls failing until the step limit" if erred else "calls until the step limit")
     for status, kind, mechanism in (("unknown", "wrong_function", "an invented function"),
                                     ("malformed", "wrong_function", "a call without a function"),
                                     ("bad_arguments", "wrong_argument", "arguments the function does not take"),
                                     ("raised", "env_error", "a call raised an error"),
                                     ("error", "env_error", "a call returned an error")):
         if status in statuses:
-            return verdict(kind, mechanism)
+            return typed(kind, mechanism)
     if not calls and stopped == "text":  # the reply that ended the turn did not read as calls
         reply = str(record.get("reply", ""))
         if calls_in_text(reply):
-            return verdict("unparsable_call", "calls inside other text")
+            return typed("unparsable_call", "calls inside other text")
         if _CALL_START.search(reply):
-            return verdict("unparsable_call", "broken call syntax")
-        return verdict("stopped_early", "prose instead of calls")
+            return typed("unparsable_call", "broken call syntax")
+        return typed("stopped_early", "prose instead of calls")
     if not calls:
-        return verdict("stopped_early", "no call in the turn")
+        return typed("stopped_early", "no call in the turn")
     names = [str(c.get("name")) if isinstance(c, dict) else "" for c in calls]
     if any(n not in names for n in _call_names(written)):
-        return verdict("stopped_early", "missing call")
+        return typed("stopped_early", "missing call")
     if not all(any(_same_call(c, w) for c in calls) for w in written):
-        return verdict("wrong_argument", "a value differs")
-    return verdict("call_count", "extra call")
+        return typed("wrong_argument", "a value differs")
+    return typed("call_count", "extra call")
 
 
 def _multi_turn_evidence(result: InstanceResult, instance: Instance) -> tuple[str, str, dict[str, Any]]:
     from ecdysis.suites.bfcl_multi_turn import score_multi_turn
     check = score_multi_turn(result.answer or "", instance)
-    verdict = multi_turn_verdict(result, instance, check)
+    failure = multi_turn_failure(result, instance, check)
     index = check.turn if check.turn is not None else 0
     replay = check.turns[index] if index < len(check.turns) else None
     own = _answer_turns(result.answer)
@@ -609,11 +609,11 @@ def _multi_turn_evidence(result: InstanceResult, instance: Instance) -> tuple[st
     errors = [r for r, s in zip(replay.results, replay.statuses) if s != "ok"] if replay else []
     last = result.calls[-1] if result.calls else None
     detail: dict[str, Any] = {
-        "reason": verdict.reason, "check": verdict.check[:300], "mechanism": verdict.mechanism,
+        "reason": failure.reason, "check": failure.check[:300], "mechanism": failure.mechanism,
         "turn": index, "turns": len(instance.fields.get("turns") or []), "turns_answered": len(own),
         "stopped": record.get("stopped"), "steps": record.get("steps"),
-        "calls_made": len(verdict.calls or []), "calls_expected": verdict.expected,
-        "called": [str(c.get("name")) if isinstance(c, dict) else "?" for c in verdict.calls or []][:8],
+        "calls_made": len(failure.calls or []), "calls_expected": failure.expected,
+        "called": [str(c.get("name")) if isinstance(c, dict) else "?" for c in failure.calls or []][:8],
         "errors": [e[:200] for e in errors[:3]],
         "finish_reason": last.finish_reason if last else None,
         "completion_tokens": last.completion_tokens if last else 0,
@@ -623,13 +623,13 @@ def _multi_turn_evidence(result: InstanceResult, instance: Instance) -> tuple[st
     }
     # As for one-turn calls, the signature says how the turn went wrong in words shared across
     # tools; an environment's error reads with the task's words and the functions' names masked.
-    words = [verdict.mechanism]
-    if verdict.type == "env_error" and errors:
+    words = [failure.mechanism]
+    if failure.type == "env_error" and errors:
         names = " ".join(str(f.get("name")) for f in instance.fields.get("functions") or [] if isinstance(f, dict))
         words.append(normalise(errors[0].removeprefix("Error during execution: "), f"{instance.input} {names}"))
-    signature = " ".join(w for w in words if w).strip() or verdict.type
+    signature = " ".join(w for w in words if w).strip() or failure.type
     where = f"turn {index + 1} of {detail['turns']}"
-    excerpt = f"{where}: {verdict.check or verdict.mechanism}; {len(verdict.calls or [])} call(s), stopped: " \
+    excerpt = f"{where}: {failure.check or failure.mechanism}; {len(failure.calls or [])} call(s), stopped: " \
               f"{detail['stopped'] or '?'}"
     return excerpt[:EXCERPT_CHARS], signature, detail
 

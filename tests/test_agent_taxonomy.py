@@ -1,5 +1,5 @@
 """Agent failures: how an agent's function calls go wrong is typed from the checker's verdict
-(`failures.agent_verdict`), clustered across instances by mechanism rather than by function name,
+(`failures.agent_failure`), clustered across instances by mechanism rather than by function name,
 and repaired by the agent catalogue (`roles.agent_operators`), each repair really run in the
 sandbox on the starter agent harness. The instances are written here in BFCL's shape, so nothing
 needs the fetched data except the real-model test at the end."""

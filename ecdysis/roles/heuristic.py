@@ -60,7 +60,7 @@ def _top_signature(cluster: Cluster) -> str:
 
 def _agent_cause(c: Cluster, files: dict[str, str]) -> tuple[str, str]:
     """Root cause and component for a cluster of function-call failures, from the mechanisms the
-    checker found (`failures.agent_verdict`) and what the harness does with a reply."""
+    checker found (`failures.agent_failure`) and what the harness does with a reply."""
     n = c.size
     mechanisms = Counter(str(f.detail.get("mechanism", "")) for f in c.failures).most_common(3)
     seen = "; ".join(f"{m} in {_share(k, n)}" for m, k in mechanisms)
