@@ -289,3 +289,43 @@ def test_turns_cut_off_at_the_step_limit_get_more_steps_from_the_heuristic_roles
     assert proposal["operator"] == "step_budget"
     assert "max_steps = 16  # room for the calls a turn needs (step_budget)" in proposal["files"]["harness.toml"]
     assert OPERATORS["step_budget"].present(materialize(proposal, case).files)
+
+
+def test_an_llm_proposer_can_edit_the_agents_loop_and_the_edit_runs() -> None:
+    """LLM roles are not held to the catalogue: a Proposer may rewrite the agent's own loop. Here
+    (a scripted LLM, the parsing and drafting real) it makes a reply with no readable calls go back
+    to the model with a correction, on one more attempt; the edited harness runs in the sandbox and
+    reads the call the second reply holds, where the starter returns the first reply's prose."""
+    import json as json_mod
+
+    from ecdysis.models.scripted import ScriptedBackend
+    from ecdysis.roles.llm import LLMRoleBackend
+    failures, batch, _ = _string_typed_batch()
+    starter = read_dir(STARTER_AGENT_DIR)
+    case = CaseFile(cluster=aggregate(failures, batch)[0], files=starter, harness_version="h", batch=batch,
+                    exemplars=[])
+    loop_before = ("        text = reply.text\n        found = read_calls(text, calls)\n"
+                   "        if found is not None:\n            return calls.calls_to_json(found)\n")
+    loop_after = loop_before + (
+        "        messages = messages + [{\"role\": \"assistant\", \"content\": text},\n"
+        "                               {\"role\": \"user\", \"content\": \"Reply with the JSON list of calls only.\"}]\n")
+    assert starter["harness.py"].count(loop_before) == 1
+    output = {"spec": {"target_files": ["harness.py", "harness.toml"],
+                       "change": "A reply with no readable calls goes back with a correction, once.",
+                       "root_cause": "The loop retries with the same messages.", "expected_effect": "e",
+                       "risk": "one more call when a reply holds no calls", "scope": "every task"},
+              "edits": [{"path": "harness.py", "find": loop_before, "replace": loop_after},
+                        {"path": "harness.toml", "find": "retries = 0 ", "replace": "retries = 1 "}]}
+    turn = LLMRoleBackend(ScriptedBackend(queue=[json_mod.dumps(output)], model_id="roles")).run("proposer", case, 1)
+    draft = materialize(turn.output, case)
+    validate_files(draft.files)
+    assert set(draft.spec.target_files) == {"harness.py", "harness.toml"}
+    task = {"input": "What is the area of a triangle of base 10 and height 5?", "choices": None,
+            "category": "simple", "fields": {"functions": [AREA]}}
+    call = '[{"name": "triangle_area", "arguments": {"base": 10, "height": 5}}]'
+    replies = ["I would use triangle_area for that.", call]
+    answer, requests = solve(draft.files, task, replies)
+    assert json_mod.loads(answer or "[]") == json_mod.loads(call) and len(requests) == 2
+    assert requests[1]["messages"][-1]["content"] == "Reply with the JSON list of calls only."
+    before, _ = solve(starter, task, replies)
+    assert before == "I would use triangle_area for that."
