@@ -329,3 +329,36 @@ def test_an_llm_proposer_can_edit_the_agents_loop_and_the_edit_runs() -> None:
     assert requests[1]["messages"][-1]["content"] == "Reply with the JSON list of calls only."
     before, _ = solve(starter, task, replies)
     assert before == "I would use triangle_area for that."
+
+
+@pytest.mark.slow
+def test_llm_roles_on_a_real_model_diagnose_an_agent_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LLM role backend on the embedded SmolLM2 (short prompts and replies), on a BFCL failure
+    of SmolLM2 itself, refined whatever its verdict (the per-instance mode): the roles read an agent
+    cluster, the model really answers, and every role ends with a schema-valid output (its own or
+    the heuristic fallback's, which the transcript names)."""
+    from ecdysis.diagnosis import diagnose
+    from ecdysis.roles.llm import LLMRoleBackend
+    from ecdysis.service import RunRequest, Service
+    from ecdysis.suites.bfcl import is_fetched
+    from storage import open_store
+    if not is_fetched():
+        pytest.skip("the BFCL data is not fetched (scripts/fetch_bfcl.py)")
+    monkeypatch.setenv("ECDYSIS_HOME", str(tmp_path))
+    svc = Service(open_store())
+    run = svc.run(RunRequest(suite="bfcl-simple", model="smollm2", split="train", limit=3))
+    failing = [r.instance_id for r in svc.results(run.run_id) if not r.correct]
+    assert failing, "SmolLM2 answered every entry right; the test learns nothing"
+    roles = LLMRoleBackend(svc.backend("smollm2"), store=svc.store, max_tokens=64, file_chars=300)
+    report = diagnose(svc.store, [run.run_id], suite_loader=svc.suite, role_backend=roles, smoke_model="smollm2",
+                      backend_factory=svc.backend, limits=svc.limits(), max_rounds=1, max_proposals=1, passes=1,
+                      only_instances=failing[:1], probe=False)
+    (cluster,) = report.clusters
+    assert cluster.type in AGENT_TYPES and all(f.shape == "calls" for f in cluster.failures)
+    messages = report.transcript(cluster.id)
+    assert {m.kind for m in messages if m.backend == "llm:smollm2"} >= {"prompt", "reply"}
+    outputs = {m.role for m in messages if m.kind == "output"}
+    assert {"investigator", "attributor", "proposer"} <= outputs
+    for m in messages:
+        if m.kind == "output" and m.role in ROLES:
+            assert schema_errors(m.role, m.data or {}) == [], (m.role, m.backend, m.data)
