@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import tempfile
 import time
@@ -21,31 +20,23 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.compare_strategies import bootstrap, outcomes  # noqa: E402
 from bench.machine import cpu_counters, load_average, now, steal_pct, write_results  # noqa: E402
 
 NAME = "bfcl_evolution"
 
 
-def paired_delta(base: dict[tuple[str, str], bool], final: dict[tuple[str, str], bool],
-                 draws: int = 2000, seed: int = 7) -> dict[str, Any]:
-    """Final minus base accuracy over the outcomes both have, with a bootstrap interval."""
+def paired_delta(base: dict[tuple[str, str], float], final: dict[tuple[str, str], float]) -> dict[str, Any]:
+    """Final minus base accuracy over the outcomes both have, with the strategy benchmark's
+    bootstrap interval (the paired differences resampled)."""
     keys = sorted(set(base) & set(final))
     diffs = [int(final[k]) - int(base[k]) for k in keys]
-    if not diffs:
-        return {"n": 0, "mean": 0.0, "ci95": [0.0, 0.0], "won": 0, "lost": 0}
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choice(diffs) for _ in diffs) / len(diffs) for _ in range(draws))
-    return {"n": len(diffs), "mean": round(sum(diffs) / len(diffs), 4),
-            "ci95": [round(means[int(0.025 * draws)], 4), round(means[int(0.975 * draws) - 1], 4)],
-            "won": diffs.count(1), "lost": diffs.count(-1)}
+    mean, ci = bootstrap([diffs])
+    return {"n": len(diffs), "mean": mean, "ci95": ci, "won": diffs.count(1), "lost": diffs.count(-1)}
 
 
-def outcomes(svc: Any, run_ids: list[str]) -> dict[tuple[str, str], bool]:
-    return {(r.model, r.instance_id): r.correct for rid in run_ids for r in svc.results(rid)}
-
-
-def by_model(result: dict[tuple[str, str], bool]) -> dict[str, float]:
-    seen: dict[str, list[bool]] = {}
+def by_model(result: dict[tuple[str, str], float]) -> dict[str, float]:
+    seen: dict[str, list[float]] = {}
     for (model, _), ok in result.items():
         seen.setdefault(model, []).append(ok)
     return {m: round(sum(v) / len(v), 4) for m, v in seen.items()}
