@@ -6,9 +6,9 @@ where it stood. Everything that reads that state back — the app, the CLI, the 
 the export, the benchmarks — reads it through these records instead: one parser per shape, which
 tolerates rows written by older versions (a missing key is its default), so no face re-parses keys.
 
-    log = evolution_log(evo)          # EvolutionLog: rows, outcome, cursor
-    for row in log.rows: row.val_accuracy, row.steps[0].verdict.wins
-    version_metrics(h).val_accuracy
+    for row in evo.rows: row.val_accuracy, row.steps[0].verdict.wins   # EvolutionRecord.rows
+    evo.outcome.test_accuracy, evo.outcome.cursor.phase                 # EvolutionRecord.outcome
+    version.measured.val_accuracy                                       # HarnessVersion.measured
 """
 
 from __future__ import annotations
