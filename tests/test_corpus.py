@@ -7,6 +7,7 @@ wrote proves little."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from ecdysis.failures import classify
 from ecdysis.harness import STARTER_DIR
 from ecdysis.harness_runtime import Harness
-from ecdysis.records import InstanceResult, ModelCall, Suite
+from ecdysis.records import Instance, InstanceResult, ModelCall, Suite
 from ecdysis.roles.operators import HELPERS
 from ecdysis.suites import builtin_suite_names, load_suite
 
@@ -83,15 +84,26 @@ def _case_id(case: dict) -> str:
     return f"{case['instance']}:{case['model']}"
 
 
+def _as_shown(case: dict) -> Instance:
+    """The instance as the model saw it: a reply is read against the options in the order they were
+    shown, which was the task file's before choices were shuffled per example."""
+    instance = next(i for i in suite(case["suite"]).instances if i.id == case["instance"])
+    shown = case.get("choices_shown")
+    if shown:
+        assert sorted(shown) == sorted(instance.choices or ())
+        return replace(instance, choices=tuple(shown))
+    return instance
+
+
 @pytest.mark.parametrize("case", REPLIES, ids=_case_id)
 def test_real_replies_are_read_as_a_careful_reader_reads_them(case: dict, helpers: dict):
-    instance = next(i for i in suite(case["suite"]).instances if i.id == case["instance"])
+    instance = _as_shown(case)
     assert helpers["ecd_find_answer"](case["reply"], instance.task_view()) == case["answer_in_reply"]
 
 
 @pytest.mark.parametrize("case", [c for c in REPLIES if c["failure_type"]], ids=_case_id)
 def test_real_failures_get_sensible_types(case: dict):
-    instance = next(i for i in suite(case["suite"]).instances if i.id == case["instance"])
+    instance = _as_shown(case)
     call = ModelCall(0, case["model"], {"max_tokens": 96}, case["reply"], 100, 96, 1.0, case["finish_reason"], False)
     result = InstanceResult("r", instance.id, instance.category, case["model"], case["harness_answer"],
                             instance.target, False, 0.0, calls=[call])

@@ -4,8 +4,11 @@ paths come here; the files are fetched once by `scripts/fetch_bigbench.py` and o
 How a task maps onto instances:
 
 - An example becomes multiple choice when it has `target_scores` and the task prefers
-  `multiple_choice_grade` (or the example has no `target`): choices are the keys in file order and
-  the target is the first best-scoring choice. Otherwise it is generative and scored `exact`
+  `multiple_choice_grade` (or the example has no `target`): the target is the first best-scoring
+  key, and the choices are the keys in an order fixed per example by a hash of its id, never the
+  file's order. Many task files list the right answer first (date_understanding in 364 of its
+  first 369 examples, formal_fallacies_syllogisms_negation in all of them), so a harness that
+  shows options as letters would teach "answer A" through its own few-shot examples. Otherwise it is generative and scored `exact`
   against `target` (a string, or a list whose first item is the target).
 - Other accepted answers (further items of a target list, tied best choices) go to the scorer's
   `aliases` option, never into `fields`, because fields reach the harness.
@@ -22,8 +25,10 @@ How a task maps onto instances:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import random
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -199,7 +204,7 @@ def _parse_example(example: Any, index: int, category: str, prefer_choice: bool,
     scores = example.get("target_scores")
     if scores is not None and (prefer_choice or "target" not in example):
         choices, best = _choice_targets(scores, bad)
-        return replace(inst, target=best[0], choices=choices), "multiple_choice", best[1:]
+        return replace(inst, target=best[0], choices=_shuffled(choices, inst.id)), "multiple_choice", best[1:]
     targets = _text_targets(example.get("target"), bad)
     return replace(inst, target=targets[0]), "exact", targets[1:]
 
@@ -211,6 +216,14 @@ def _choice_targets(scores: Any, bad: _Bad) -> tuple[tuple[str, ...], list[str]]
         raise bad("'target_scores' must map each choice to a finite number")
     top = max(scores.values())
     return tuple(scores), [c for c, s in scores.items() if s == top]
+
+
+def _shuffled(choices: tuple[str, ...], instance_id: str) -> tuple[str, ...]:
+    """The choices in an order that depends only on the example's id: the same on every load and
+    machine, and unrelated to where the file put the right answer."""
+    order = list(choices)
+    random.Random(hashlib.sha256(instance_id.encode()).digest()).shuffle(order)
+    return tuple(order)
 
 
 def _text_targets(raw: Any, bad: _Bad) -> list[str]:
