@@ -175,8 +175,11 @@ def markdown(result: dict[str, Any]) -> str:
              f"CPU steal {result['machine']['steal_pct']} %."]
     for suite, per in result["suites"].items():
         for roles, block in per.items():
+            old = block.get("carried_over")
+            when = (f"; carried over from the run of {old['measured']}, load {old['machine']['load_before']}"
+                    f"→{old['machine']['load_after']}" if old else "")
             lines += ["", f"**{suite}**, roles `{roles}`, seeds {', '.join(map(str, block['seeds']))} (starter "
-                          f"harness: validation {block['base_val_accuracy']}):", "",
+                          f"harness: validation {block['base_val_accuracy']}{when}):", "",
                       "| strategy | test accuracy (95 % CI) | final validation | calls | model s | kept changes |",
                       "|---|---|---|---:|---:|---:|"]
             for name, st in block["strategies"].items():
@@ -211,6 +214,18 @@ def merge(top: dict[str, Any], suite: str, roles: str, block: dict[str, Any]) ->
     top["strategies"], top["comparison"] = head["strategies"], head["comparison"]
 
 
+def carried_over(path: Path, rerun: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The suites of an earlier results file that this run does not measure again, each block
+    stamped with when and on what it was measured (a block carried over twice keeps its stamp)."""
+    earlier = json.loads(path.read_text())
+    stamp = {"measured": earlier.get("measured"), "machine": earlier.get("machine"),
+             "config": {k: earlier.get("config", {}).get(k) for k in
+                        ("model", "iterations", "batch_size", "val_limit", "test_limit", "budget")}}
+    return {suite: {roles: {**block, "carried_over": block.get("carried_over") or stamp}
+                    for roles, block in per.items()}
+            for suite, per in earlier.get("suites", {}).items() if suite not in rerun}
+
+
 def rerender(path: Path) -> str:
     """The Markdown table of a stored results JSON (after a benchmark was stopped by hand)."""
     result = json.loads(path.read_text())
@@ -236,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny configuration, for tests")
     parser.add_argument("--home", default=None, help="data folder (kept: a rerun continues where it stopped)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--keep-from", default=None, metavar="JSON",
+                        help="an earlier results file whose other suites are carried over, each with the "
+                             "date and machine it was measured on (rerun one suite, keep the rest)")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.iterations, args.batch_size, args.val_limit, args.test_limit = 2, 1, 6, 6, 6
@@ -251,7 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     strategies = args.strategy or list(STRATEGIES)
     svc = Service(open_store(settings.database_url), settings)
     cpu0, load0, started = cpu_counters(), load_average(), time.perf_counter()
-    result: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in ("home", "out")}}
+    result: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in ("home", "out", "keep_from")}}
+    kept = carried_over(Path(args.keep_from), args.suite) if args.keep_from else {}
     for suite in args.suite:
         start = base_val(svc, args, suite)
         plans = [("heuristic", list(range(1, args.seeds + 1)))]
@@ -268,6 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     done = {k: v for k, v in evos.items() if all((n, k[1]) in evos for n in strategies)}
                     if done:
                         merge(result, suite, roles, summarise(svc, args, suite, done, start))
+                        for kept_suite, per in kept.items():
+                            for kept_roles, block in per.items():
+                                merge(result, kept_suite, kept_roles, block)
                         result["machine"] = {"load_before": load0, "load_after": load_average(),
                                              "steal_pct": steal_pct(cpu0, cpu_counters()), "cores": os.cpu_count()}
                         result["measured"] = f"{now()}, {round(time.perf_counter() - started)} s in all"

@@ -43,3 +43,20 @@ def test_quick_benchmark_writes_the_documented_figures(tmp_path: Path, monkeypat
                                     "--home", str(tmp_path / "home"), "--out", str(out)]) == 0
     again = json.loads((out / "compare_strategies.json").read_text())
     assert again["strategies"] == json.loads(before)["strategies"]
+    # Rerun one suite and carry the others over from an earlier file: the rerun suite stays the
+    # headline, and the carried block says when and under what load it was measured.
+    earlier = json.loads(before)
+    earlier["suites"] = {"other-suite": earlier["suites"]["arithmetic"], **earlier["suites"]}
+    earlier["measured"], earlier["machine"]["load_before"] = "2026-01-02 03:04 UTC, 5 s in all", 9.5
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    assert compare_strategies.main(["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}",
+                                    "--home", str(tmp_path / "home"), "--out", str(out),
+                                    "--keep-from", str(tmp_path / "earlier.json")]) == 0
+    merged = json.loads((out / "compare_strategies.json").read_text())
+    assert list(merged["suites"]) == ["arithmetic", "other-suite"]
+    assert merged["strategies"] == again["strategies"]  # the headline is the suite measured now
+    carried = merged["suites"]["other-suite"]["heuristic"]
+    assert carried["carried_over"]["measured"] == "2026-01-02 03:04 UTC, 5 s in all"
+    assert "carried_over" not in merged["suites"]["arithmetic"]["heuristic"]
+    assert "carried over from the run of 2026-01-02 03:04 UTC, 5 s in all, load 9.5" in \
+        (out / "compare_strategies.md").read_text()
