@@ -324,8 +324,8 @@ def test_the_catalogue_lists_tasks_with_forms_and_reloads_only_changed_ones(tmp_
 
 
 def test_a_mixture_is_the_union_of_its_tasks_each_scored_by_its_own_rule(tmp_path: Path) -> None:
-    """bigbench:A+B: each task a category, each cut to the smallest task's size (its first
-    examples), each instance scored as it would be alone, aliases kept."""
+    """bigbench:A+B: each task a category, each cut to the smallest task's size (a sample fixed by
+    the ids, in file order), each instance scored as it would be alone, aliases kept."""
     root = tmp_path / "tasks"
     write_task(root / "mc", {"name": "mc", "examples": [
         {"input": f"q{n}", "target_scores": {"a": 1, "b": 0}} for n in range(5)]})
@@ -333,13 +333,19 @@ def test_a_mixture_is_the_union_of_its_tasks_each_scored_by_its_own_rule(tmp_pat
         {"input": "two plus two", "target": ["4", "four"]}, {"input": "one plus one", "target": "2"}]})
     suite = load_bigbench("gen+mc", root=root)
     assert suite.name == "bigbench:gen+mc" and suite.categories == {"gen": 2, "mc": 2}
-    assert [i.id for i in suite.instances] == ["gen-0000", "gen-0001", "mc-0000", "mc-0001"]
+    ids = [i.id for i in suite.instances]
+    mc = ids[2:]
+    assert ids[:2] == ["gen-0000", "gen-0001"] and len(mc) == 2 and mc == sorted(mc)
+    assert set(mc) < {f"mc-{n:04d}" for n in range(5)}
+    assert ids == [i.id for i in load_bigbench("gen+mc", root=root).instances]  # the same sample every time
     assert suite.scorer.kind == "by_category"
     by_id = {i.id: i for i in suite.instances}
-    assert score("four", by_id["gen-0000"], suite.scorer) and not score("B", by_id["mc-0000"], suite.scorer)
-    assert score("A", by_id["mc-0001"], suite.scorer) and not score("a", by_id["gen-0001"], suite.scorer)
+    first = by_id[mc[0]]
+    right, wrong = "AB"[first.choices.index("a")], "AB"[first.choices.index("b")]
+    assert score("four", by_id["gen-0000"], suite.scorer) and not score(wrong, first, suite.scorer)
+    assert score(right, first, suite.scorer) and not score("a", by_id["gen-0001"], suite.scorer)
     alone = load_bigbench("mc", root=root)
-    assert by_id["mc-0001"] == next(i for i in alone.instances if i.id == "mc-0001")
+    assert first == next(i for i in alone.instances if i.id == first.id)
     for bad in ("gen+", "gen+gen", "+"):
         with pytest.raises(NotFound, match="mixture"):
             load_bigbench(bad, root=root)
@@ -351,6 +357,10 @@ def test_a_mixture_is_the_union_of_its_tasks_each_scored_by_its_own_rule(tmp_pat
 def test_a_mixture_of_real_tasks_balances_them() -> None:
     suite = load_suite("bigbench:navigate+date_understanding")
     assert suite.categories == {"date_understanding": 369, "navigate": 369}
+    # A task file sorted by label (formal fallacies: its first 369 are all "valid") gives both labels.
+    fallacies = load_suite("bigbench:formal_fallacies_syllogisms_negation+date_understanding").instances
+    labels = Counter(i.target for i in fallacies if i.category == "formal_fallacies_syllogisms_negation")
+    assert set(labels) == {"valid", "invalid"} and min(labels.values()) > 369 / 3, labels
     for task in ("date_understanding", "navigate"):
         splits = Counter(i.split for i in suite.instances if i.category == task)
         assert set(splits) == set(SPLITS) and abs(splits["train"] - 369 / 2) <= 3, splits
