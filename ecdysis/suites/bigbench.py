@@ -20,9 +20,10 @@ How a task maps onto instances:
   logical_deduction) is the union of its subtasks; each subtask is a category ("TASK/SUBTASK").
 - Ids are "TASK-0007" or "TASK/SUBTASK-0007": the example's position in its file.
 - "bigbench:TASK+TASK" is a mixture: the union of the tasks, each task (or subtask) a category
-  with its own scoring rule, each task cut to the size of the smallest: a sample fixed by a hash of
-  each example's id, kept in file order. Not its first examples: files are often sorted, and the
-  first 369 of formal_fallacies_syllogisms_negation are all "valid" (half of its 14,200 are not).
+  with its own scoring rule, each task cut to the size of the smallest.
+- A task's instances come in an order fixed by a hash of their ids, never the file's: files are
+  often sorted, and the first 369 of formal_fallacies_syllogisms_negation are all "valid" (half of
+  its 14,200 are not), so a mixture's cut or a run's `--limit` would otherwise see one label.
 """
 
 from __future__ import annotations
@@ -84,10 +85,10 @@ def load_bigbench(task: str, *, root: Path | None = None, name: str | None = Non
             raise NotFound(f"{task!r} is not a BIG-bench mixture", hint="use bigbench:TASK+TASK, two tasks or more")
         parts = [load_bigbench(t, root=root) for t in tasks]
         # Each task gives as many examples as the smallest one has, so a task of 14,000 examples does
-        # not drown one of 400 in the train batches: a sample by a hash of the ids, never the first
-        # ones (a file sorted by label would give one label only).
+        # not drown one of 400 in the train batches; its instances come in hash order, so these are a
+        # sample, never the file's first ones (a file sorted by label would give one label only).
         size = min(len(p.instances) for p in parts)
-        parts = [replace(p, instances=_sample(p.instances, size)) for p in parts]
+        parts = [replace(p, instances=p.instances[:size]) for p in parts]  # already in hash order
         parsed = [p for suite in parts for p in _parsed_of(suite)]
         return Suite(name=name or PREFIX + "+".join(tasks), instances=[i for s in parts for i in s.instances],
                      scorer=_combined_scorer(parsed), source=f"bigbench:{root.resolve()}",
@@ -190,6 +191,9 @@ def _parse_task(data: dict[str, Any], path: Path, category: str) -> _Parsed:
         raise InputError("the task mixes multiple-choice and generative examples", path=str(path),
                          hint="split it into subtasks, one kind each")
     parsed.kind = kinds.pop()
+    # In an order fixed by a hash of the ids, not the file's: task files are often sorted (by label,
+    # by source), and a run limited to a split's first instances must still be a fair sample.
+    parsed.instances.sort(key=_rank)
     return parsed
 
 
@@ -221,12 +225,8 @@ def _choice_targets(scores: Any, bad: _Bad) -> tuple[tuple[str, ...], list[str]]
     return tuple(scores), [c for c, s in scores.items() if s == top]
 
 
-def _sample(instances: list[Instance], size: int) -> list[Instance]:
-    """`size` of the instances, chosen by a SHA-256 of their ids (the same on every load), in file order."""
-    if len(instances) <= size:
-        return list(instances)
-    keep = set(sorted((i.id for i in instances), key=lambda iid: hashlib.sha256(iid.encode()).digest())[:size])
-    return [i for i in instances if i.id in keep]
+def _rank(instance: Instance) -> bytes:
+    return hashlib.sha256(instance.id.encode()).digest()
 
 
 def _shuffled(choices: tuple[str, ...], instance_id: str) -> tuple[str, ...]:
