@@ -473,10 +473,12 @@ class Evolver:
     def _history(self, evo: EvolutionRecord) -> list[dict[str, Any]]:
         """What earlier iterations tried and what became of it, for the roles: a change a human
         rejected, that screening found no better, or that the gate rolled back is not proposed
-        again as if it were new."""
+        again as if it were new. Entries of earlier iterations are marked `other_batch`."""
         out: list[dict[str, Any]] = []
         for row in evo.iterations:
-            out += [dict(h, iteration=row["iteration"]) for h in row.get("history", [])]
+            # A screening verdict is a batch's: 24 paired outcomes say little, and a change screened
+            # out on one batch gets another look on the next one (screened again, not as new).
+            out += [dict(h, iteration=row["iteration"], other_batch=True) for h in row.get("history", [])]
         cur = evo.result.get("cursor", {})
         if cur.get("earlier_proposals"):
             # An earlier screening round of this iteration: what it screened out is ruled out too.

@@ -351,3 +351,34 @@ def plant_bad_everything(svc: Service):
         user = svc.harness(proposal.harness_version).files["user.md"]
         return "edit", "planted bad change", {"user.md": user.rstrip("\n") + f"\n{BAD_LINE}\n"}
     return review
+
+
+def test_a_change_screened_out_on_one_batch_is_screened_again_on_the_next(world) -> None:
+    """Screening is a batch's verdict, not the change's: iteration 1 screens the extraction repair
+    out (the reviewer planted the bad line into it), and iteration 2, on a new batch of the same
+    harness, proposes it again, says so, screens it and keeps it. Within one iteration the rounds
+    still rule out what that batch screened out (the test above)."""
+    svc, suite, _ = world
+    seen: list[str] = []
+
+    def review(proposal):
+        if proposal.diagnosis_id not in seen:
+            seen.append(proposal.diagnosis_id)
+        if len(seen) == 1:
+            user = svc.harness(proposal.harness_version).files["user.md"]
+            return "edit", "planted bad change", {"user.md": user.rstrip("\n") + f"\n{BAD_LINE}\n"}
+        if proposal.spec.get("operator") == "answer_extraction":
+            return "approve", "", None
+        return "reject", "one repair is enough", None
+
+    evolver = Evolver(svc, reviewer=review)
+    evo = evolver.run(evolver.create(config(suite, iterations=2, screen_rounds=1)).id)
+    first, second = evo.iterations
+    assert {h["operator"]: h["outcome"] for h in first["history"]}["answer_extraction"] == "screened_out"
+    assert first["harness_version"] == second["parent_version"]  # nothing kept: the same harness
+    again = next(p for p in svc.proposals(diagnosis_id=second["diagnosis_id"])
+                 if p.spec.get("operator") == "answer_extraction")
+    said = json.dumps(svc.get_diagnosis(second["diagnosis_id"]).report["proposals"])
+    assert "Proposed again, not as new: screened out on another batch in iteration 1" in said
+    assert {h["proposal_id"]: h["outcome"] for h in second["history"]}[again.id] == "kept"
+    assert evo.current_version != evo.base_version

@@ -134,16 +134,31 @@ class CaseFile:
 
     @property
     def ruled_out(self) -> dict[str, str]:
-        """Operators an earlier iteration tried without keeping them, with what happened: one a
-        person rejected, always; one that screening or the gate found no better, while the harness
-        is still the version it was tried on (on a changed harness it may complete a kept change)."""
+        """Operators tried before without being kept, with what happened: one a person rejected,
+        always; one the gate rolled back, while the harness is still the version it was tried on
+        (on a changed harness it may complete a kept change); one that screening found no better,
+        on that harness and in the same batch only (see `screened_elsewhere`)."""
         out: dict[str, str] = {}
         for h in self.history:
             outcome = h.get("outcome")
             same = h.get("harness_version") in (None, self.harness_version)
+            if outcome == "screened_out" and h.get("other_batch"):
+                continue
             if h.get("operator") and (outcome == "rejected" or (outcome in ("screened_out", "rolled_back") and same)):
                 out[str(h["operator"])] = f"{str(outcome).replace('_', ' ')} in iteration {h.get('iteration', '?')}"
         return out
+
+    @property
+    def screened_elsewhere(self) -> dict[str, str]:
+        """Operators screening turned down on an earlier iteration's batch of this same harness. A
+        batch of 12 instances is weak evidence (on a BIG-bench mixture a repair screened out at 1
+        won, 2 lost gained 27 to 16 on validation), so such a change may be proposed again, marked
+        as tried, and screened on the new batch."""
+        return {str(h["operator"]): f"screened out on another batch in iteration {h.get('iteration', '?')} "
+                                    f"({str(h.get('why', ''))[:160]})"
+                for h in self.history
+                if h.get("operator") and h.get("outcome") == "screened_out" and h.get("other_batch")
+                and h.get("harness_version") in (None, self.harness_version)}
 
 
 @dataclass
