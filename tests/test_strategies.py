@@ -382,3 +382,26 @@ def test_a_change_screened_out_on_one_batch_is_screened_again_on_the_next(world)
     assert "Proposed again, not as new: screened out on another batch in iteration 1" in said
     assert {h["proposal_id"]: h["outcome"] for h in second["history"]}[again.id] == "kept"
     assert evo.current_version != evo.base_version
+
+
+def test_a_run_borrowed_from_another_strategy_never_takes_an_evolution_past_its_budget(world) -> None:
+    """Strategies of a benchmark share one database: a finished run another one made is charged
+    in full. When the budget cannot pay for all of it, the evolution stops there, as it would have
+    stopped in the middle of making that run itself, and the change that run would have validated
+    is not kept (before, a borrowed validation of 240 calls at 588 spent of 800 was charged whole
+    and its change kept)."""
+    svc, suite, _ = world
+    full = Evolver(svc, reviewer=plant_bad(svc))
+    done = full.run(full.create(config(suite, label="first", charge_cached=True)).id)
+    spent = done.result["spent"]["calls"]
+    at_verdict = done.rows[0].steps[0].spent.calls  # what it had spent when its gate said yes
+    assert done.current_version != done.base_version and at_verdict > 12
+    tight = Evolver(Service(svc.store), reviewer=plant_bad(svc))
+    short = config(suite, label="second", charge_cached=True, max_model_calls=at_verdict - 5)
+    evo = tight.run(tight.create(short).id)
+    assert evo.status == "stopped" and evo.result["spent"]["calls"] == at_verdict - 5, evo.result["spent"]
+    assert evo.current_version == evo.base_version  # its validation did not fit: nothing kept
+    roomy = Evolver(Service(svc.store), reviewer=plant_bad(svc))
+    same = roomy.run(roomy.create(config(suite, label="third", charge_cached=True, max_model_calls=spent)).id)
+    assert same.status == "done" and same.result["spent"]["calls"] == spent
+    assert same.current_version == done.current_version
