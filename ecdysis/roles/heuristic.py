@@ -193,7 +193,8 @@ def propose(case: CaseFile) -> dict[str, Any]:
         replies = [f"Objection “{o}” answered by proposing {name} instead." for o in case.objections]
         replies += [f"Not proposed again: {why}." for why in skipped if any(why.startswith(f"{op}:") for op in case.ruled_out)]
         if name in case.screened_elsewhere:
-            replies.append(f"Proposed again, not as new: {case.screened_elsewhere[name]}; this batch's screening decides.")
+            replies.append(f"Proposed again, not as new: {case.screened_elsewhere[name]}; "
+                           "this batch's screening decides.")
         return {"operator": name, "spec": result.spec.to_json(), "files": changed, "replies": replies}
     options = "; ".join(skipped) or f"the catalogue has no generic repair for {case.cluster.type}"
     return {"give_up": f"No catalogue operator is left for this cluster ({options})."}

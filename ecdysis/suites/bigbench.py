@@ -8,8 +8,9 @@ How a task maps onto instances:
   key, and the choices are the keys in an order fixed per example by a hash of its id, never the
   file's order. Many task files list the right answer first (date_understanding in 364 of its
   first 369 examples, formal_fallacies_syllogisms_negation in all of them), so a harness that
-  shows options as letters would teach "answer A" through its own few-shot examples. Otherwise it is generative and scored `exact`
-  against `target` (a string, or a list whose first item is the target).
+  shows options as letters would teach "answer A" through its own few-shot examples.
+- Otherwise an example is generative and scored `exact` against `target` (a string, or a list
+  whose first item is the target).
 - Other accepted answers (further items of a target list, tied best choices) go to the scorer's
   `aliases` option, never into `fields`, because fields reach the harness.
 - `input` is the example's input as written. The task's formatting keys (`task_prefix`,
@@ -31,8 +32,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import random
 import os
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
