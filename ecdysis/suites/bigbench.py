@@ -89,7 +89,7 @@ def load_bigbench(task: str, *, root: Path | None = None, name: str | None = Non
         # not drown one of 400 in the train batches; its instances come in hash order, so these are a
         # sample, never the file's first ones (a file sorted by label would give one label only).
         size = min(len(p.instances) for p in parts)
-        parts = [replace(p, instances=p.instances[:size]) for p in parts]  # already in hash order
+        parts = [replace(p, instances=p.instances[:size]) for p in parts]
         parsed = [p for suite in parts for p in _parsed_of(suite)]
         return Suite(name=name or PREFIX + "+".join(tasks), instances=[i for s in parts for i in s.instances],
                      scorer=_combined_scorer(parsed), source=f"bigbench:{root.resolve()}",
@@ -212,7 +212,7 @@ def _parse_example(example: Any, index: int, category: str, prefer_choice: bool,
     scores = example.get("target_scores")
     if scores is not None and (prefer_choice or "target" not in example):
         choices, best = _choice_targets(scores, bad)
-        return replace(inst, target=best[0], choices=_shuffled(choices, inst.id)), "multiple_choice", best[1:]
+        return replace(inst, target=best[0], choices=_shuffled(choices, _rank(inst))), "multiple_choice", best[1:]
     targets = _text_targets(example.get("target"), bad)
     return replace(inst, target=targets[0]), "exact", targets[1:]
 
@@ -227,14 +227,15 @@ def _choice_targets(scores: Any, bad: _Bad) -> tuple[tuple[str, ...], list[str]]
 
 
 def _rank(instance: Instance) -> bytes:
+    """A SHA-256 of the instance's id: its place in the task's order, and its choices' shuffle."""
     return hashlib.sha256(instance.id.encode()).digest()
 
 
-def _shuffled(choices: tuple[str, ...], instance_id: str) -> tuple[str, ...]:
-    """The choices in an order that depends only on the example's id: the same on every load and
-    machine, and unrelated to where the file put the right answer."""
+def _shuffled(choices: tuple[str, ...], seed: bytes) -> tuple[str, ...]:
+    """The choices in an order that depends only on `seed` (the example's `_rank`): the same on
+    every load and machine, and unrelated to where the file put the right answer."""
     order = list(choices)
-    random.Random(hashlib.sha256(instance_id.encode()).digest()).shuffle(order)
+    random.Random(seed).shuffle(order)
     return tuple(order)
 
 
