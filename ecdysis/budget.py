@@ -45,6 +45,22 @@ class CallBudget:
             self.tokens += tokens
             self.seconds += seconds
 
+    def charge_block(self, calls: int, tokens: int, seconds: float) -> None:
+        """Calls made elsewhere and reused whole (a finished run another strategy of a benchmark
+        made), charged as if they were made here one by one: when the call budget runs out inside
+        the block, only what fits is charged (tokens and seconds in proportion) and BudgetExceeded
+        is raised, because a run cut off in the middle has no result to use."""
+        self.check()
+        with self._lock:
+            room = calls if self.max_calls is None else min(calls, self.max_calls - self.calls)
+            whole = room == calls
+            self.calls += room
+            self.tokens += tokens if whole else round(tokens * room / calls)
+            self.seconds += seconds if whole else seconds * room / calls
+        if not whole:
+            raise BudgetExceeded(f"model-call budget of {self.max_calls} spent: a reused run of {calls} calls "
+                                 f"does not fit in the {room} left")
+
     def charge_completion(self, completion: Completion) -> None:
         """One call, by this budget's rule for cached answers."""
         if completion.cache_hit and not self.charge_cached:

@@ -346,15 +346,7 @@ class Evolver:
                 # database): its calls are charged as if this evolution had made them, and where
                 # the budget could not have paid for all of them, it stops here as it would have
                 # stopped in the middle of that run, without its result.
-                budget.check()
-                calls, tokens, seconds = self._recorded_cost(run_id)
-                room = None if budget.max_calls is None else budget.max_calls - budget.calls
-                if room is not None and calls > room:
-                    share = room / calls
-                    budget.charge(room, round(tokens * share), seconds * share)
-                    raise BudgetExceeded(f"model-call budget of {budget.max_calls} spent: another strategy's "
-                                         f"finished run of {calls} calls does not fit in the {room} left")
-                budget.charge(calls, tokens, seconds)
+                budget.charge_block(*self._recorded_cost(run_id))
             if run_id is not None and run_id not in paid:
                 paid.append(run_id)
             if run_id is None:

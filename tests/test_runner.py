@@ -161,3 +161,22 @@ def test_a_budget_that_charges_cached_calls_refuses_a_cached_one_it_cannot_pay(s
     with pytest.raises(BudgetExceeded):
         gateway.complete(request)
     assert paid.calls == 2 and len(backend.history) == 1
+
+
+def test_a_reused_block_of_calls_is_charged_only_as_far_as_the_budget_reaches() -> None:
+    """A finished run borrowed whole is charged as if made call by call: a block that fits is
+    charged exactly; one the budget runs out inside is charged up to the limit, in proportion for
+    tokens and seconds, and stops the job; a spent budget refuses the next block outright."""
+    from ecdysis.errors import BudgetExceeded
+    budget = CallBudget(max_calls=100)
+    budget.charge_block(60, 600, 6.0)
+    assert (budget.calls, budget.tokens, budget.seconds) == (60, 600, 6.0)
+    with pytest.raises(BudgetExceeded, match="does not fit in the 40 left"):
+        budget.charge_block(80, 800, 8.0)
+    assert (budget.calls, budget.tokens, budget.seconds) == (100, 1000, 10.0)
+    with pytest.raises(BudgetExceeded):
+        budget.charge_block(1, 1, 0.1)
+    assert budget.calls == 100
+    unlimited = CallBudget()
+    unlimited.charge_block(500, 5, 0.5)
+    assert (unlimited.calls, unlimited.tokens, unlimited.seconds) == (500, 5, 0.5)
