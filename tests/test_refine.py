@@ -129,7 +129,9 @@ def test_leakage_rules_allow_sanctioned_exemplars_only() -> None:
     diffs = diff_files(starter_files(), result.files)
     assert check.check(diffs, result.spec, index).ok  # quoting sanctioned exemplars is allowed
     undeclared = replace(result.spec, exemplars=())
-    assert "hard-codes the answer 'False' of instance boolean-005" in check.check(diffs, undeclared, index).detail
+    # (The one passing boolean instance is not quoted: a single True/False example teaches its label.)
+    assert "hard-codes the answer 'falcon meadow quartz thistle' of instance word-sorting-005" in check.check(
+        diffs, undeclared, index).detail
 
     def patch(line: str, path: str = "harness.py") -> list:
         files = starter_files()
@@ -371,3 +373,4 @@ def test_a_patch_that_repeats_a_present_repair_is_not_smoke_run() -> None:
     results, _ = checks.run(case, draft)
     assert [(r.name, r.ok) for r in results][:2] == [("novel", False), ("applies", True)]
     assert "loads" not in [r.name for r in results] and backend.history == []
+

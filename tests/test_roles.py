@@ -29,7 +29,10 @@ FAST = SandboxLimits(timeout_s=10.0, memory_mb=512)
 EXEMPLARS = [Exemplar("s/a", "a", "arithmetic", "Tom has 2 pens and buys 3 more. How many pens?", None, "5"),
              Exemplar("s/b", "b", "boolean", "not False and True is", None, "True"),
              Exemplar("s/c", "c", "dates", "Today is 01/01/2020. What is the date tomorrow?",
-                      ("01/03/2020", "01/02/2020"), "B")]
+                      ("01/03/2020", "01/02/2020"), "B"),
+             Exemplar("s/d", "d", "boolean", "not True or False is", None, "False"),
+             Exemplar("s/e", "e", "dates", "Today is 03/01/2020. What was the date yesterday?",
+                      ("02/29/2020", "02/28/2020"), "A")]
 NUMBER = {"input": "Maria has 5 pens and buys 3. How many pens does she have?", "choices": None,
           "category": "x", "fields": {}}
 BOOLEAN = {"input": "not True and False is", "choices": None, "category": "x", "fields": {}}
@@ -116,7 +119,8 @@ def test_retry_on_unparsable_reasks_for_the_bare_answer(case: CaseFile) -> None:
 
 def test_few_shot_puts_exemplars_of_the_same_form_first(case: CaseFile) -> None:
     files = patched("few_shot", case=case)
-    assert {json.loads(line)["answer"] for line in files["fewshot.jsonl"].splitlines()} == {"5", "True", "B"}
+    assert {json.loads(line)["answer"] for line in files["fewshot.jsonl"].splitlines()} == {"5", "True", "False",
+                                                                                             "A", "B"}
     _, requests = solve(files, NUMBER, ["8"])
     roles = [m["role"] for m in requests[0]["messages"]]
     assert roles == ["system", "user", "assistant", "user"]
@@ -137,6 +141,33 @@ def test_few_shot_balances_the_answers_and_never_quotes_the_task_itself(case: Ca
     _, requests = solve(files, same_task, ["5"])
     assert all(m["content"] != "5" for m in requests[0]["messages"] if m["role"] == "assistant")
     assert sum(EXEMPLARS[0].input in m["content"] for m in requests[0]["messages"]) == 1
+
+
+def test_few_shot_never_teaches_one_label(case: CaseFile) -> None:
+    """Worked examples of a closed answer set show each answer equally often, in the file and in
+    every prompt; passing instances that all give one answer are not quoted at all."""
+    def choice(i: int, answer: str) -> Exemplar:
+        return Exemplar(f"s/q{i}", f"q{i}", f"task{i % 2}", f"Question {i}?", ("yes", "no", "maybe"), answer)
+
+    op = OPERATORS["few_shot"]
+    only_b = [choice(i, "B") for i in range(4)]
+    assert op.pick(only_b) == []
+    reason = op.unavailable(RepairInput(starter_files(), case.cluster, only_b))
+    assert reason is not None and "teach the model that answer" in reason
+    picked = op.pick(only_b + [choice(9, "A")])
+    assert sorted(e.answer for e in picked) == ["A", "B"]
+
+    # The harness balances at run time too, whatever the file holds: two A's and a B show one of each.
+    files = op.apply(RepairInput(starter_files(), case.cluster, only_b + [choice(9, "A")])).files
+    files["fewshot.jsonl"] = "".join(json.dumps({"input": f"Q{i}?", "choices": ["x", "y"], "answer": a}) + "\n"
+                                     for i, a in enumerate("AAB"))
+    _, requests = solve(files, CHOICE, ["B"])
+    shown = [m["content"] for m in requests[0]["messages"][1:-1] if m["role"] == "assistant"]
+    assert sorted(shown) == ["A", "B"]
+    files["fewshot.jsonl"] = "".join(json.dumps({"input": f"Q{i}?", "choices": ["x", "y"], "answer": "A"}) + "\n"
+                                     for i in range(3))
+    _, requests = solve(files, CHOICE, ["B"])
+    assert [m["role"] for m in requests[0]["messages"]] == ["system", "user"]
 
 
 def test_param_operators_change_the_calls(case: CaseFile) -> None:

@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ecdysis.roles.agent_operators import AGENT_OPERATORS
+from ecdysis.roles.answer_helpers import ecd_answer_shape
 from ecdysis.roles.base import Exemplar, ModificationSpec
 from ecdysis.roles.repairs import (CodeRepair, RepairInput, RepairOperator, RepairResult, cluster_scope,
                                    marker, params_of, set_param)
 
 HELPERS_MARK = "# --- ecdysis helpers: answer shapes ---"
 FEWSHOT_FILE = "fewshot.jsonl"
+# Answer forms with a small closed set of answers, where a worked example can teach a label.
+CLOSED_FORMS = ("choice", "boolean")
 
 # Shared by every code operator: what form the task's answer takes, whether a text already is a
 # bare answer of that form, and where such an answer sits inside a longer reply. They live in
@@ -180,6 +183,11 @@ def solve(task, model, harness):
                   "task's own form, so it is independent of any instance."))
 
 
+def _as_task(ex: Exemplar) -> dict[str, object]:
+    """An exemplar as the harness code sees it (see `_ecd_shots`), so forms are read the same way."""
+    return {"input": ex.input, "choices": list(ex.choices) if ex.choices else None, "category": "", "fields": {}}
+
+
 @dataclass(frozen=True)
 class FewShotExemplars(CodeRepair):
     name: str = "few_shot"
@@ -199,34 +207,63 @@ class FewShotExemplars(CodeRepair):
             return answered_in_text(inp)
         if not inp.exemplars:
             return "no train instance passed in every run of the batch, so there is nothing to quote"
+        if not self.pick(inp.exemplars):
+            labels = sorted({ex.answer.strip() for ex in inp.exemplars})
+            return (f"the batch's passing train instances all answer {', '.join(labels[:3])}: worked examples "
+                    "of one answer would teach the model that answer, not the task")
         if "user.md" not in inp.files:
             return "the harness has no user.md to render the exemplars with"
         return None
 
     def pick(self, exemplars: Sequence[Exemplar]) -> list[Exemplar]:
-        """Short exemplars, at most `per_category` per category, spread over the answers: a
-        category's picks take turns among its distinct answers (shortest first within each), so
-        a yes/no task is shown a Yes and a No, never two of one label for the model to copy."""
-        by_category: dict[str, dict[str, list[Exemplar]]] = {}
+        """Short exemplars, at most `per_category` per category, balanced over the answers.
+
+        A task with a closed set of answers (options, yes/no, true/false) is shown every answer
+        equally often, so a worked example carries no prior for one label: such a form gets
+        exemplars only when the passing instances give at least two different answers, and then
+        the same number of each. One passing "B" shown before every multiple-choice question
+        teaches "B" (it won 16 to 7 on one validation split and lost on the sealed test). An open
+        form (a number, a list, free text) takes its answers in turn, shortest first, and may show
+        just one."""
+        by_form: dict[str, dict[str, list[Exemplar]]] = {}
         for ex in sorted(exemplars, key=lambda e: (len(e.input), e.key)):
-            by_category.setdefault(ex.category, {}).setdefault(ex.answer.strip().casefold(), []).append(ex)
+            form = ecd_answer_shape(_as_task(ex))
+            by_form.setdefault(form, {}).setdefault(ex.answer.strip().casefold(), []).append(ex)
         chosen: list[Exemplar] = []
-        for category in sorted(by_category):
-            queues = sorted(by_category[category].values(), key=lambda q: (len(q[0].input), q[0].key))
-            taken = 0
-            while taken < self.per_category and any(queues) and len(chosen) < self.max_total:
-                for queue in queues:
-                    if queue and taken < self.per_category and len(chosen) < self.max_total:
-                        chosen.append(queue.pop(0))
-                        taken += 1
+        for form in sorted(by_form):
+            answers = by_form[form]
+            if form not in CLOSED_FORMS:  # in turn over the answers, so none repeats before the others show
+                turns = [q[i] for i in range(max(len(q) for q in answers.values())) for q in answers.values()
+                         if i < len(q)]
+                chosen += self._spread(turns, self.max_total - len(chosen))
+                continue
+            if len(answers) < 2:
+                continue
+            queues = [self._spread(q, len(q)) for q in answers.values()]
+            each = min(min(len(q) for q in queues), self.per_category,
+                       (self.max_total - len(chosen)) // len(queues))
+            chosen += [q[i] for i in range(each) for q in queues]
         return sorted(chosen, key=lambda e: (e.category, e.key))
+
+    def _spread(self, queue: Sequence[Exemplar], room: int) -> list[Exemplar]:
+        """Up to `room` of a queue (shortest first), at most `per_category` from any one category."""
+        taken: dict[str, int] = {}
+        out: list[Exemplar] = []
+        for ex in queue:
+            if len(out) >= room:
+                break
+            if taken.get(ex.category, 0) < self.per_category:
+                taken[ex.category] = taken.get(ex.category, 0) + 1
+                out.append(ex)
+        return out
 
     def apply(self, inp: RepairInput) -> RepairResult:
         chosen = self.pick(inp.exemplars)
         shots = "".join(json.dumps({"input": ex.input, "choices": list(ex.choices) if ex.choices else None,
                                     "answer": ex.answer}, ensure_ascii=False) + "\n" for ex in chosen)
         block = '''# Worked examples (passing training instances, in fewshot.jsonl) go before the question as
-# earlier user/assistant turns; up to `few_shot_k` of the task's own answer form are used.
+# earlier user/assistant turns; up to `few_shot_k` of the task's own answer form are used, and a
+# form with a closed set of answers (options, yes/no) is shown each answer equally often.
 import json as _ecd_json
 
 _ecd_before_few_shot = build_messages
@@ -238,9 +275,21 @@ def _ecd_shots(task, harness):
         example["task"] = {"input": example["input"], "choices": example.get("choices"),
                            "category": "", "fields": {}}
     # Never the question being asked: an exemplar that is this very task would hand over its answer.
-    examples = [e for e in examples if e["input"] != task.get("input")]
-    same = [e for e in examples if ecd_answer_shape(e["task"]) == ecd_answer_shape(task)]
-    return (same or examples)[: int(harness.params.get("few_shot_k", 3))]
+    form = ecd_answer_shape(task)
+    same = [e for e in examples if e["input"] != task.get("input") and ecd_answer_shape(e["task"]) == form]
+    k = int(harness.params.get("few_shot_k", 3))
+    if form not in ("choice", "boolean"):
+        return same[:k]
+    # A closed set of answers: each answer shown equally often (in turn), or no examples at all,
+    # so the examples carry no prior for one label.
+    by_answer = {}
+    for example in same:
+        by_answer.setdefault(str(example["answer"]).strip().lower(), []).append(example)
+    if len(by_answer) < 2:
+        return []
+    queues = list(by_answer.values())
+    each = max(1, min(min(len(q) for q in queues), k // len(queues)))
+    return [queue[i] for i in range(each) for queue in queues]
 
 
 def build_messages(task, harness):
