@@ -456,12 +456,51 @@ class Refiner:
 
     def _rounds(self, case: CaseFile, log: list[RoleMessage], first: int) -> RefineOutcome:
         last: _Attempt | None = None
+        # The first draft that passed every hard check: when the Critic's objections to it turn out
+        # unfounded, the drafts that tried to answer them were not needed.
+        clean: _Attempt | None = None
+        why = f"not endorsed within {self.max_rounds} round(s)"
         for number in range(first, first + max(1, self.max_rounds)):
-            step = self._round(case, number, log, last)
+            step = self._round(case, number, log)
             if isinstance(step, RefineOutcome):
                 return step
+            if isinstance(step, str):  # the Proposer gave up
+                why = step
+                break
             last = step or last
-        return self._finish(case, log, last, f"not endorsed within {self.max_rounds} round(s)")
+            if clean is None and step is not None and all(c.ok for c in step.draft.checks):
+                clean = step
+        if clean is not None:
+            disputed = self._unfounded(case, log, clean)
+            if disputed is not None:
+                return disputed
+        return self._finish(case, log, last, why)
+
+    def _unfounded(self, case: CaseFile, log: list[RoleMessage], clean: _Attempt) -> RefineOutcome | None:
+        """A draft the Critic turned down although every hard check passed goes on, its objections
+        recorded as disputed, unless the engine measures a regression on a passing train instance.
+        A veto must rest on evidence a person can check: a failed check or a measured regression.
+        An objection that names neither ("introduces functionality the codebase does not support")
+        is an opinion, and whether the change helps is what screening and the paired gate measure;
+        a small LLM Critic otherwise rejects every repair, the real ones included."""
+        case.draft = clean.draft
+        regressions = [c["text"] for c in self.checks.concerns(case, clean.draft) if c["kind"] == "regression"]
+        if regressions:
+            log.append(RoleMessage(clean.round, "critic", "check", ENGINE,
+                                   "The Critic's objections stand: " + "; ".join(regressions),
+                                   data={"concerns": [{"kind": "regression", "text": t} for t in regressions]}))
+            clean.objections = clean.objections + [t for t in regressions if t not in clean.objections]
+            return None
+        objections = [o for o in clean.objections if str(o).strip()] or ["the Critic did not endorse it"]
+        log.append(RoleMessage(clean.round, "critic", "check", ENGINE,
+                               "Every hard check passed and no regression was measured, so the Critic's objections "
+                               "do not veto the change: it goes on with them recorded as disputed, and screening "
+                               "and the paired gate decide.", data={"disputed": objections}))
+        proposal = self._proposal(case, clean, "endorsed", log,
+                                  "every hard check passed; the Critic's objections, which name no failed check "
+                                  "and no measured regression, are recorded as disputed")
+        proposal.spec = dataclasses.replace(proposal.spec, disputed=tuple(f"the Critic: {o}" for o in objections))
+        return RefineOutcome(case.cluster.id, proposal, log)
 
     def _review(self, case: CaseFile, log: list[RoleMessage], number: int, endorsed: RefineOutcome) -> RefineOutcome:
         """Review pass `number` over an endorsed specification: the engine measures the concerns
@@ -505,7 +544,9 @@ class Refiner:
                       disputed: list[str]) -> RefineOutcome:
         proposal = outcome.proposal
         assert proposal is not None
-        spec = dataclasses.replace(proposal.spec, passes=number, agreed=tuple(agreed), disputed=tuple(disputed))
+        # What its own rounds left disputed (a Critic's objection that was no veto) stays disputed.
+        spec = dataclasses.replace(proposal.spec, passes=number, agreed=tuple(agreed),
+                                   disputed=tuple(dict.fromkeys([*proposal.spec.disputed, *disputed])))
         proposal = dataclasses.replace(proposal, spec=spec, transcript=list(log))
         return RefineOutcome(outcome.cluster_id, proposal, list(log), outcome.no_patch_reason)
 
@@ -523,14 +564,14 @@ class Refiner:
         return RefineOutcome(case.cluster.id, None, log, f"the Attributor judged it {turn.output['verdict']}: "
                                                          f"{turn.output['reason']}")
 
-    def _round(self, case: CaseFile, number: int, log: list[RoleMessage],
-               last: _Attempt | None) -> RefineOutcome | _Attempt | None:
-        """One Proposer -> hard checks -> Critic exchange: an outcome when the refinement ends here,
-        the rejected attempt when the next round must answer its objections, None for no draft."""
+    def _round(self, case: CaseFile, number: int, log: list[RoleMessage]) -> RefineOutcome | _Attempt | str | None:
+        """One Proposer -> hard checks -> Critic exchange: an outcome when the Critic endorses, the
+        rejected attempt when the next round must answer its objections, the Proposer's reason when
+        it gives up, None for no draft."""
         turn = self.backend.run("proposer", case, number)
         log += turn.messages
         if turn.output.get("give_up"):
-            return self._finish(case, log, last, str(turn.output["give_up"]))
+            return str(turn.output["give_up"])
         try:
             draft = materialize(turn.output, case)
         except (ProposalError, InputError) as exc:

@@ -374,3 +374,51 @@ def test_a_patch_that_repeats_a_present_repair_is_not_smoke_run() -> None:
     assert [(r.name, r.ok) for r in results][:2] == [("novel", False), ("applies", True)]
     assert "loads" not in [r.name for r in results] and backend.history == []
 
+
+class _NaysayingCritic(_FirstDraftProposer):
+    """The heuristic roles, except that the Critic turns every draft down with an opinion that
+    names no check and no measurement, as the small LLM Critic did on BIG-bench."""
+
+    name = "naysayer"
+    OPINION = "introduces new functionality that is not currently supported by the existing codebase"
+
+    def __init__(self, first_draft: bool = False) -> None:
+        super().__init__()
+        self.proposed = 0 if first_draft else 1
+
+    def first(self, case) -> tuple[dict, str]:
+        return _BadFirstProposer.first(self, case)  # type: ignore[arg-type]
+
+    def run(self, role, case, round):
+        if role == "critic":
+            from ecdysis.roles.base import RoleMessage, RoleTurn
+            output = {"decision": "reject", "objections": [self.OPINION]}
+            return RoleTurn(output, [RoleMessage(round, "critic", "output", self.name, self.OPINION, output)])
+        return super().run(role, case, round)
+
+
+def test_an_objection_that_names_no_failed_check_is_recorded_as_disputed_not_a_veto() -> None:
+    """A draft that passes every hard check and regresses nothing goes on when the Critic only
+    objects: the objection is kept in the spec as disputed, for the human and for screening."""
+    report = run_diagnosis(MemoryStore(), role_backend=_NaysayingCritic(), max_rounds=2)
+    proposal = report.proposals[0]
+    assert proposal.status == "endorsed" and proposal.spec.operator == "answer_extraction"
+    assert all(c.ok for c in proposal.checks)
+    assert f"the Critic: {_NaysayingCritic.OPINION}" in proposal.spec.disputed
+    said = [m.text for m in proposal.transcript if m.role == "critic" and m.kind == "check"]
+    assert any("recorded as disputed" in t for t in said), said
+
+
+def test_an_objection_backed_by_a_measured_regression_still_vetoes() -> None:
+    """The same Critic on a draft that breaks passing train instances (measured on the smoke
+    model, paired against the current harness): the objection stands, with the regression named."""
+    store = MemoryStore()
+    run_ids, suite, _ = plant(store)
+    rules = [Rule(text=answer_form(i), match=i.input) for i in suite.instances]
+    smoke_model = ScriptedBackend(rules, model_id="bare", default=f"{H_PREFIX} 34")
+    report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=smoke_model,
+                      role_backend=_NaysayingCritic(first_draft=True), passes=1, max_rounds=1)
+    proposal = report.proposals[0]
+    assert proposal.status == "rejected" and all(c.ok for c in proposal.checks)
+    assert any(o.startswith("regression: the patched harness gets passing train instance") for o in proposal.objections)
+    assert _NaysayingCritic.OPINION in proposal.reason
