@@ -10,6 +10,7 @@ import streamlit as st
 
 from app import views
 from ecdysis.evolve import EvolveConfig
+from ecdysis.gate import DEFAULT_K
 from ecdysis.models import registry
 from ecdysis.records import RunRecord
 from ecdysis.service import RunRequest
@@ -137,7 +138,7 @@ def evolution_form(suites: Sequence[dict[str, Any]], harnesses: Sequence[Harness
         role = r1.selectbox("Role backend", ROLE_CHOICES, key="evo:role", accept_new_options=True, help=ROLE_HELP)
         concurrency = r2.number_input("Concurrency", 1, 64, 1, key="evo:concurrency")
         min_net = r3.number_input("Gate: minimum net wins", 0, 5000, 2, key="evo:min_net", help=GATE_HELP)
-        k = r4.number_input("Gate: standard errors", 0.0, 10.0, 1.0, step=0.5, key="evo:gate_k", help=GATE_HELP)
+        k = r4.number_input("Gate: standard errors", 0.0, 10.0, DEFAULT_K, step=0.5, key="evo:gate_k", help=GATE_HELP)
         submitted = st.form_submit_button("Start evolution", type="primary", icon=":material/rocket_launch:")
     if not submitted:
         return None

@@ -259,6 +259,8 @@ def evolve(
     review: bool = typer.Option(False, "--review", help="decide each proposal at a terminal prompt"),
     gate: str = typer.Option("paired-sign", help="paired-sign | any-improvement"),
     gate_min_net: int = typer.Option(2, help="paired-sign: minimum net instances gained"),
+    gate_k: float = typer.Option(2.0, min=0.0, help="paired-sign: standard errors of no change the net gain "
+                                                     "must exceed (1 keeps about one null change in six)"),
     min_gain_per_call: float = typer.Option(0.05, help="accuracy (0-1) a change must gain per model call it adds "
                                                        "per instance, in screening and at the gate"),
     roles: str = typer.Option("heuristic", help="role backend: heuristic, or a model name for LLM roles"),
@@ -293,7 +295,7 @@ def evolve(
         cfg = EvolveConfig(suite=suite, models=list(model or svc.settings.default_models), strategy=strategy,
                            iterations=iterations, batch_size=batch_size, val_limit=val_limit,
                            test_limit=test_limit, harness=harness, auto_approve=auto_approve, gate=gate,
-                           gate_min_net=gate_min_net, role_backend=roles, max_rounds=max_rounds,
+                           gate_min_net=gate_min_net, gate_k=gate_k, role_backend=roles, max_rounds=max_rounds,
                            concurrency=concurrency, max_model_calls=max_model_calls, max_tokens=max_tokens,
                            max_wall_s=max_wall, min_gain_per_call=min_gain_per_call, passes=passes,
                            screen_min_net=screen_min_net, screen_min_wins=screen_min_wins,

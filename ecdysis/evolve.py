@@ -22,8 +22,8 @@ from typing import Any, Callable
 from ecdysis import diagnosis, lifecycle
 from ecdysis.diffs import FileDiff, apply_diffs
 from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, InputError
-from ecdysis.gate import (POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, call_cost, cost_shortfall,
-                          decide, paired)
+from ecdysis.gate import (DEFAULT_K, POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, call_cost,
+                          cost_shortfall, decide, paired)
 from ecdysis.harness import harness_id, new_version
 from ecdysis.leases import Held, evolution_key
 from ecdysis.records import Instance
@@ -58,7 +58,7 @@ class EvolveConfig:
     auto_approve: bool = False
     gate: str = "paired-sign"
     gate_min_net: int = 2
-    gate_k: float = 1.0
+    gate_k: float = DEFAULT_K
     role_backend: str = "heuristic"
     max_rounds: int = 3
     passes: int = 2                # refinement passes: the first proposes, later ones review the spec

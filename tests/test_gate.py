@@ -25,19 +25,22 @@ PAIRED_SIGN = [
     ((0, 0, 0, 0), False, "no paired instances"),
     # the regression budget: half the parent's correct ...
     ((8, 6, 4, 20), False, "6 regressions exceed the budget of 50% of 10 correct"),
-    ((10, 5, 5, 20), True, "net gain +5 (10 won, 5 lost)"),
+    ((10, 2, 8, 20), True, "net gain +8 (10 won, 2 lost)"),
     # ... or half the wins, when the candidate won more than the parent had right
     ((18, 6, 0, 36), True, "net gain +12 (18 won, 6 lost)"),
     ((18, 10, 0, 32), False, "10 regressions exceed the budget of 50% of 18 won"),
     # the minimum net gain
     ((1, 0, 10, 10), False, "net gain +1 (1 won, 0 lost) is below the minimum of 2"),
     ((5, 5, 10, 10), False, "net gain +0 (5 won, 5 lost) is below the minimum of 2"),
-    # a gain within one standard error of no change: sqrt(6 + 3) = 3
-    ((6, 3, 10, 10), False, "net gain +3 is within 1 standard error (3.00)"),
-    ((7, 3, 10, 10), True, "net gain +4 (7 won, 3 lost) exceeds 1 standard error (3.16)"),
-    ((2, 0, 10, 10), True, "net gain +2 (2 won, 0 lost) exceeds 1 standard error (1.41)"),
+    # a gain within two standard errors of no change: sqrt(6 + 3) = 3
+    ((6, 3, 10, 10), False, "net gain +3 is within 2 standard errors (3.00)"),
+    ((7, 3, 10, 10), False, "net gain +4 is within 2 standard errors (3.16)"),
+    ((9, 1, 10, 10), True, "net gain +8 (9 won, 1 lost) exceeds 2 standard errors (3.16)"),
+    ((2, 0, 10, 10), False, "net gain +2 is within 2 standard errors (1.41)"),
+    ((4, 0, 10, 10), False, "net gain +4 is within 2 standard errors (2.00)"),  # at the bound is within
+    ((5, 0, 10, 10), True, "net gain +5 (5 won, 0 lost) exceeds 2 standard errors (2.24)"),
     # a parent with nothing right has no regression budget to break
-    ((3, 0, 0, 10), True, "net gain +3"),
+    ((5, 0, 0, 10), True, "net gain +5"),
 ]
 
 
@@ -60,7 +63,10 @@ def test_paired_sign_gate_thresholds_are_its_parameters() -> None:
     assert not PairedSignGate(min_net=3, k=0.5).judge(parent, candidate).passed
     parent, candidate = world(11, 6, 5, 20)
     assert "6 regressions exceed the budget of 50% of 11 correct" in PairedSignGate().judge(parent, candidate).reason
-    assert PairedSignGate(max_losses_fraction=0.6).judge(parent, candidate).passed
+    assert PairedSignGate(max_losses_fraction=0.6, k=1).judge(parent, candidate).passed
+    assert "net gain +5 is within 1.5 standard errors (4.12)" in PairedSignGate(max_losses_fraction=0.6, k=1.5).judge(
+        parent, candidate).reason
+    assert "net gain +3 is within 1 standard error (3.00)" in PairedSignGate(k=1).judge(*world(6, 3, 10, 10)).reason
 
 
 def test_only_instances_both_sides_ran_are_paired() -> None:
