@@ -53,7 +53,7 @@ def config(args: argparse.Namespace, suite: str, strategy: str, seed: int, roles
                         batch_size=args.batch_size, val_limit=args.val_limit, test_limit=args.test_limit,
                         auto_approve=True, role_backend=roles, max_rounds=2, concurrency=1,
                         max_model_calls=args.budget, charge_cached=True, seed=seed,
-                        label=f"bench:{suite}:{strategy}:{seed}:{roles}")
+                        label=f"bench:{suite}:{strategy}:{seed}:{roles}" + (f":{args.tag}" if args.tag else ""))
 
 
 def evolve(svc: Any, cfg: Any) -> Any:
@@ -240,6 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", action="append", help="repeatable (default: the two-model batch)")
     parser.add_argument("--strategy", action="append", choices=STRATEGIES, help="repeatable (default: all three)")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=1, help="seeds run from here (new train windows)")
+    parser.add_argument("--tag", default="", help="added to every evolution's label: in a kept --home, a rerun "
+                                                  "with changed code makes new evolutions instead of finding "
+                                                  "the old ones")
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--val-limit", type=int, default=60)
@@ -273,9 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     kept = carried_over(Path(args.keep_from), args.suite) if args.keep_from else {}
     for suite in args.suite:
         start = base_val(svc, args, suite)
-        plans = [("heuristic", list(range(1, args.seeds + 1)))]
+        first = args.first_seed
+        plans = [("heuristic", list(range(first, first + args.seeds)))]
         if args.llm_roles:
-            plans.append((args.llm_roles, list(range(1, args.llm_roles_seeds + 1))))
+            plans.append((args.llm_roles, list(range(first, first + args.llm_roles_seeds))))
         for roles, seeds in plans:
             evos = {}
             for seed in seeds:

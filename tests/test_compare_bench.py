@@ -60,3 +60,15 @@ def test_quick_benchmark_writes_the_documented_figures(tmp_path: Path, monkeypat
     assert "carried_over" not in merged["suites"]["arithmetic"]["heuristic"]
     assert "carried over from the run of 2026-01-02 03:04 UTC, 5 s in all, load 9.5" in \
         (out / "compare_strategies.md").read_text()
+    # New seeds (new train windows) under a tag: new evolutions, labelled so, the old ones untouched.
+    assert compare_strategies.main(["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}",
+                                    "--home", str(tmp_path / "home"), "--out", str(tmp_path / "later"),
+                                    "--first-seed", "3", "--tag", "v2"]) == 0
+    later = json.loads((tmp_path / "later" / "compare_strategies.json").read_text())
+    assert later["seeds"] == [3, 4] and later["config"]["tag"] == "v2"
+    from ecdysis.settings import Settings
+    from storage import open_store
+    labels = [e.config["label"] for e in open_store(Settings.from_env().database_url).list_evolutions(limit=100)]
+    assert sorted(lab.split(":", 2)[2] for lab in labels if lab.endswith(":v2")) == sorted(
+        f"{name}:{seed}:heuristic:v2" for name in ("ecdysis", "per-instance", "self-evolution") for seed in (3, 4))
+    assert len(labels) == 12
