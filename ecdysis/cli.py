@@ -269,6 +269,9 @@ def evolve(
                                                "to validation (0: drop only what loses there)"),
     screen_min_wins: int = typer.Option(1, min=0, help="screening: the least number of batch outcomes a change "
                                                        "must repair to go on to validation"),
+    screen_k: float = typer.Option(1.0, min=0.0, help="screening: a change is screened out for losing, or for not "
+                                                      "paying for its calls, only by more than this many standard "
+                                                      "errors of its batch outcomes"),
     screen_rounds: int = typer.Option(3, min=1, help="screening rounds: while nothing survives screening, "
                                                      "diagnose the batch again with what failed ruled out"),
     passes: int = typer.Option(2, min=1, max=5, help="refinement passes: the first proposes, later ones review "
@@ -298,7 +301,7 @@ def evolve(
                            gate_min_net=gate_min_net, gate_k=gate_k, role_backend=roles, max_rounds=max_rounds,
                            concurrency=concurrency, max_model_calls=max_model_calls, max_tokens=max_tokens,
                            max_wall_s=max_wall, min_gain_per_call=min_gain_per_call, passes=passes,
-                           screen_min_net=screen_min_net, screen_min_wins=screen_min_wins,
+                           screen_min_net=screen_min_net, screen_min_wins=screen_min_wins, screen_k=screen_k,
                            screen_rounds=screen_rounds)
         evo = svc.run_evolution(cfg, events=sink, reviewer=reviewer, poll_s=poll_s)
     result = summary(evo)

@@ -407,3 +407,66 @@ def test_a_run_borrowed_from_another_strategy_never_takes_an_evolution_past_its_
     same = roomy.run(roomy.create(config(suite, label="third", charge_cached=True, max_model_calls=spent)).id)
     assert same.status == "done" and same.result["spent"]["calls"] == spent
     assert same.current_version == done.current_version
+
+
+LAST_NUMBER = '''
+
+import re as _planted_re
+_planted_first_line = extract_answer
+
+
+def extract_answer(text, task):
+    numbers = _planted_re.findall(r"-?\\d+", text)
+    return numbers[-1] if numbers else _planted_first_line(text, task)
+'''
+
+
+def noisy_batch_world(tmp_path: Path, store) -> tuple[Service, str, Any]:
+    """A change that is good on validation (+12 of 12) but measures net -1 on the first batch
+    (1 won, 2 lost, of 12): the model wraps validation answers in a sentence (read the last number:
+    right; the starter's first line: wrong), and on the batch answers one question wrapped, two as
+    "12\\nNot 13." (the starter right, the last number wrong), five with nothing and four bare.
+    The reviewer turns the first proposal into "read the last number" and rejects the others."""
+    from ecdysis.runner import pick_instances
+    suite = write_suite(tmp_path / "tiny.jsonl")
+    svc = Service(store)
+    loaded = svc.suite(str(suite))
+    batch = window(pick_instances(loaded, "train", None), 12, 1)
+    kinds = {i.id: "bare" for i in loaded.instances}
+    kinds.update({i.id: "wrapped" for i in loaded.split("validation") + loaded.split("test")})
+    kinds.update({batch[0].id: "wrapped", batch[1].id: "trap", batch[2].id: "trap"})
+    kinds.update({i.id: "empty" for i in batch[3:8]})
+    replies = {"bare": "{t}", "wrapped": "Let me think.\nThe answer is {t}.", "trap": "{t}\nNot {u}.", "empty": ""}
+    rules = [Rule(text=replies[kinds[i.id]].format(t=i.target, u=int(i.target) + 1), match=i.input)
+             for i in loaded.instances]
+    register_backend(ScriptedBackend(rules, model_id="planted-noisy-batch", default="I do not know."))
+    made: list[str] = []
+
+    def review(proposal):
+        if made:
+            return "reject", "one repair is enough", None
+        made.append(proposal.id)
+        code = svc.harness(proposal.harness_version).files["harness.py"]
+        return "edit", "read the last number", {"harness.py": code.rstrip("\n") + "\n" + LAST_NUMBER}
+    return svc, str(suite), review
+
+
+def test_a_batch_verdict_within_its_noise_does_not_screen_a_change_out(tmp_path: Path, store) -> None:
+    """Net -1 on 3 changed outcomes is within one standard error (1.73) of no change: the change
+    goes on to validation and is kept there. Holding the batch's point estimate against it (the
+    rule before, `screen_k=0`) screens it out, and the evolution keeps nothing."""
+    svc, suite, review = noisy_batch_world(tmp_path, store)
+    evo = Evolver(svc, reviewer=review)
+    done = evo.run(evo.create(config(suite, models=["planted-noisy-batch"])).id)
+    row = done.rows[0]
+    last = next(c for st in row.steps or () for c in st.changes if c.edited)
+    assert last.screened is not None and (last.screened.wins, last.screened.losses) == (1, 2), last.screened
+    assert last.screened.passed and last.measured is not None and last.measured.kept
+    assert done.current_version != done.base_version and done.result["test_accuracy"] == 1.0
+
+    svc, suite, review = noisy_batch_world(tmp_path, store)  # a fresh reviewer, the same world
+    evo = Evolver(svc, reviewer=review)
+    before = evo.run(evo.create(config(suite, models=["planted-noisy-batch"], screen_k=0.0, label="k0")).id)
+    fate = [h for h in before.rows[0].history if h.outcome == "screened_out"]
+    assert fate and "net -1 (1 won, 2 lost on 12 paired) is below +0" in fate[0].why, before.rows[0].history
+    assert before.current_version == before.base_version
