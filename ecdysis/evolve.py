@@ -15,10 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tomllib
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ecdysis import diagnosis, lifecycle
 from ecdysis.diffs import FileDiff, apply_diffs
@@ -276,8 +277,21 @@ class Evolver:
                 else:
                     self._finish_step(evo, cur, None)
         elif phase == "validate":
-            self._validate(evo, cfg, cur, budget)
-            cur["phase"] = "judge"
+            screened = [cur.get("screen", {}).get(a["proposal_id"]) or {} for a in cur.get("applied", [])
+                        if a.get("applied")]
+            rates = [sc["candidate_calls"] for sc in screened
+                     if sc.get("against") == evo.current_version and sc.get("candidate_calls") is not None]
+            short = self._unaffordable(evo, cfg, cur, budget, self.svc.harness(cur["candidate"]),
+                                       measured_rate=rates[0] if len(rates) == 1 else None)
+            if short:
+                # Not started: a validation the budget cannot finish spends the rest and decides
+                # nothing. The next candidate of the queue (or the next iteration) may fit.
+                cur["not_validated"] = short
+                self._finish_step(evo, cur, None)
+                cur["phase"] = "apply"
+            else:
+                self._validate(evo, cfg, cur, budget)
+                cur["phase"] = "judge"
         elif phase == "judge":
             verdict = GateVerdict.parse(cur["verdict"])
             self._finish_step(evo, cur, verdict)
@@ -602,6 +616,10 @@ class Evolver:
         if not own:
             return {**against, "passed": False, "net": 0, "extra_calls": 0.0, "candidate": candidate.id,
                     "reason": "none of its cluster's instances is in this batch"}
+        short = self._unaffordable(evo, cfg, cur, budget, candidate, screening=instances)
+        if short:  # set aside, not screened out: a later iteration may propose it when it fits
+            return {**against, "passed": False, "net": 0, "extra_calls": 0.0, "candidate": candidate.id,
+                    "not_validated": True, "reason": f"not screened: {short}"}
         if current.id == self._train_version(cur):
             parent = train  # the batch's own outcomes: free
         else:
@@ -704,6 +722,45 @@ class Evolver:
                 lifecycle.move(self.store, a["proposal_id"], "applied")
         return candidate.id, applied
 
+    def _unaffordable(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any],
+                      budget: CallBudget, candidate: HarnessVersion, *, screening: list[Instance] | None = None,
+                      measured_rate: float | None = None) -> str | None:
+        """Why the budget left cannot pay for this candidate's validation (and, with `screening`,
+        for screening it on those instances first), or None. A run costs nothing when this
+        evolution already paid for it, the recorded calls of a finished run it would borrow (when
+        cached calls are charged), otherwise its instances times the calls per instance: measured
+        in screening, or the parent's rate on the train batch scaled by the samples each version
+        draws."""
+        if budget.max_calls is None:
+            return None
+        parent = self.svc.harness(evo.current_version)
+        train = [r for rid in cur.get("train_runs", {}).values() for r in self.store.get_results(rid)]
+        rate = sum(len(r.calls) for r in train) / len(train) if train else 1.0
+        cand_rate = measured_rate if measured_rate is not None else rate * _samples(candidate.files) / _samples(parent.files)
+        val = [i.id for i in self._val_instances(evo, cfg, "validation", cfg.val_limit)]
+        need = (self._runs_cost(parent, val, rate, cfg, budget) + self._runs_cost(candidate, val, cand_rate, cfg, budget))
+        screen = self._runs_cost(candidate, [i.id for i in screening], cand_rate, cfg, budget) if screening else 0.0
+        left = budget.max_calls - budget.calls
+        if need + screen <= left:
+            return None
+        what = f"screening ({screen:.0f}) and validation ({need:.0f})" if screening else f"its validation ({need:.0f})"
+        return (f"{what} would need about {need + screen:.0f} model calls ({len(val)} validation instances x "
+                f"{len(cfg.models)} model(s), {cand_rate:.2f} calls each for the candidate) and {left} are left "
+                f"of the budget")
+
+    def _runs_cost(self, version: HarnessVersion, iids: list[str], rate: float, cfg: EvolveConfig,
+                   budget: CallBudget) -> float:
+        paid, need = self._paid_runs(), 0.0
+        for model in cfg.models:
+            found = self._find_run(version.id, model, iids)
+            if found in paid:
+                continue
+            if found is not None:
+                need += self._recorded_cost(found)[0] if budget.charge_cached else 0
+            else:
+                need += len(iids) * rate
+        return need
+
     def _validate(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], budget: CallBudget) -> None:
         instances = self._val_instances(evo, cfg, "validation", cfg.val_limit)
         parent = self.svc.harness(evo.current_version)
@@ -743,6 +800,8 @@ class Evolver:
                 "verdict": cur.get("verdict") if verdict is not None else None, "kept": kept,
                 "changes": [dict(a, measured=measured, screened=screened.get(a["proposal_id"])) for a in applied],
                 "skipped": [a for a in cur.get("applied", []) if not a.get("applied")]}
+        if cur.get("not_validated"):
+            step["not_validated"] = cur["not_validated"]
         if cur.get("candidate"):
             cand = self.store.get_harness(cur["candidate"])
             metrics = dict(cand.metrics if cand else {})
@@ -755,7 +814,7 @@ class Evolver:
                 evo.current_version = cur["candidate"]
         cur.setdefault("steps", []).append(step)
         cur["step"] = cur.get("step", 0) + 1
-        for key in ("candidate", "applied", "verdict", "verdict_cost"):
+        for key in ("candidate", "applied", "verdict", "verdict_cost", "not_validated"):
             cur.pop(key, None)
 
     def _record(self, evo: EvolutionRecord, cur: dict[str, Any], budget: CallBudget) -> None:
@@ -800,6 +859,10 @@ class Evolver:
         evo.result["cursor"] = {"iteration": cur["iteration"] + 1, "phase": "train"}
 
     def _no_candidate_reason(self, cur: dict[str, Any]) -> str:
+        unaffordable = [st["not_validated"] for st in cur.get("steps", []) if st.get("not_validated")]
+        unaffordable += [sc["reason"] for sc in cur.get("screen", {}).values() if sc.get("not_validated")]
+        if unaffordable:
+            return "not validated: " + unaffordable[0]
         screened = cur.get("screen", {})
         if screened and not any(s.get("passed") for s in screened.values()):
             return "no change survived screening"
@@ -810,11 +873,14 @@ class Evolver:
         fate: dict[str, tuple[str, str]] = {}
         for pid, sc in cur.get("screen", {}).items():
             if not sc.get("passed"):
-                fate[pid] = ("screened_out", sc.get("reason", ""))
+                fate[pid] = ("not_validated" if sc.get("not_validated") else "screened_out", sc.get("reason", ""))
         for st in steps:
             reason = (st.get("verdict") or {}).get("reason", "")
             for c in st["changes"]:
-                fate[c["proposal_id"]] = ("kept", reason) if st["kept"] else ("rolled_back", reason)
+                if st.get("not_validated"):
+                    fate[c["proposal_id"]] = ("not_validated", st["not_validated"])
+                else:
+                    fate[c["proposal_id"]] = ("kept", reason) if st["kept"] else ("rolled_back", reason)
         out = []
         for pid in cur.get("proposal_ids", []):
             p = self.store.get_proposal(pid)
@@ -890,6 +956,14 @@ class Evolver:
         evo = getattr(self, "_current", None)
         if evo is not None and evo.result.get("cursor") is cur:
             self._save(evo)
+
+
+def _samples(files: Mapping[str, str]) -> int:
+    """The answers a harness draws per instance (its `samples` parameter), 1 when it does not say."""
+    try:
+        return max(1, int(tomllib.loads(files.get("harness.toml", "")).get("params", {}).get("samples", 1)))
+    except (tomllib.TOMLDecodeError, TypeError, ValueError, AttributeError):
+        return 1
 
 
 class _Waiting(Exception):

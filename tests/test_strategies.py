@@ -214,9 +214,13 @@ def test_a_stopped_evolution_can_be_sealed_where_it_stands(world) -> None:
     """Benchmarks give every strategy one budget: one that spends it is tested as it stands (its
     unfinished iteration abandoned), and the sealed test is not charged to the spent budget."""
     svc, suite, _ = world
+    first = Evolver(svc, reviewer=plant_bad(svc))
+    one = first.run(first.create(config(suite, label="one iteration", charge_cached=True)).id)
+    limit = one.rows[0].model_calls + 6  # out of budget in the middle of the second train batch
     evolver = Evolver(svc, reviewer=plant_bad(svc))
-    evo = evolver.run(evolver.create(config(suite, iterations=3, max_model_calls=40)).id)
-    assert evo.status == "stopped" and evo.result["spent"]["calls"] <= 40
+    evo = evolver.run(evolver.create(config(suite, iterations=3, max_model_calls=limit, charge_cached=True)).id)
+    assert evo.status == "stopped" and evo.result["spent"]["calls"] <= limit
+    assert evo.current_version == one.current_version != evo.base_version
     kept = evo.current_version
     sealed = evolver.seal(evo.id)
     assert sealed.status == "done" and sealed.result["final_version"] == kept
@@ -224,7 +228,7 @@ def test_a_stopped_evolution_can_be_sealed_where_it_stands(world) -> None:
     assert abandoned in (len(sealed.iterations), len(sealed.iterations) + 1)
     if sealed.iterations and sealed.iterations[-1].get("partial"):  # what it kept before stopping counts
         assert sealed.iterations[-1]["harness_version"] == kept
-    assert sealed.result["test_spent"]["calls"] > 0 and sealed.result["spent"]["calls"] <= 40
+    assert sealed.result["test_spent"]["calls"] > 0 and sealed.result["spent"]["calls"] <= limit
     with pytest.raises(Exception, match="only a stopped one"):
         evolver.seal(evo.id)
 
@@ -292,10 +296,12 @@ def test_changes_kept_before_the_budget_ran_out_are_on_the_curve(tmp_path: Path,
     svc, suite, review = complement_world(tmp_path, store)
     full = Evolver(svc, reviewer=review)
     done = full.run(full.create(config(suite, models=["planted-complement"], label="full", charge_cached=True)).id)
-    spent = done.iterations[0]["model_calls"]
+    # A token budget, which no phase estimates ahead (a call budget would not start the second
+    # validation at all), runs out in the middle of the second change's validation.
+    spent = done.iterations[0]["tokens"]
     svc2 = Service(store)
     evolver = Evolver(svc2, reviewer=review)
-    evo = evolver.run(evolver.create(config(suite, models=["planted-complement"], max_model_calls=spent * 3 // 4,
+    evo = evolver.run(evolver.create(config(suite, models=["planted-complement"], max_tokens=spent * 3 // 4,
                                             label="short", charge_cached=True)).id)
     assert evo.status == "stopped" and evo.current_version != evo.base_version, evo.result
     sealed = evolver.seal(evo.id)
@@ -401,8 +407,10 @@ def test_a_run_borrowed_from_another_strategy_never_takes_an_evolution_past_its_
     tight = Evolver(Service(svc.store), reviewer=plant_bad(svc))
     short = config(suite, label="second", charge_cached=True, max_model_calls=at_verdict - 5)
     evo = tight.run(tight.create(short).id)
-    assert evo.status == "stopped" and evo.result["spent"]["calls"] == at_verdict - 5, evo.result["spent"]
+    # The borrowed validation runs' recorded calls do not fit: the validation is not started.
+    assert evo.result["spent"]["calls"] <= at_verdict - 5, evo.result["spent"]
     assert evo.current_version == evo.base_version  # its validation did not fit: nothing kept
+    assert "not_validated" in {h.outcome for h in evo.rows[0].history}, evo.rows[0].history
     roomy = Evolver(Service(svc.store), reviewer=plant_bad(svc))
     same = roomy.run(roomy.create(config(suite, label="third", charge_cached=True, max_model_calls=spent)).id)
     assert same.status == "done" and same.result["spent"]["calls"] == spent
@@ -470,3 +478,48 @@ def test_a_batch_verdict_within_its_noise_does_not_screen_a_change_out(tmp_path:
     fate = [h for h in before.rows[0].history if h.outcome == "screened_out"]
     assert fate and "net -1 (1 won, 2 lost on 12 paired) is below +0" in fate[0].why, before.rows[0].history
     assert before.current_version == before.base_version
+
+
+def test_a_validation_the_budget_cannot_finish_is_not_started(world) -> None:
+    """The extraction repair with 3-sample voting screens well, but validating it (12 instances at
+    3 calls, and the parent's 12) does not fit in what is left: it is recorded as not validated,
+    with the arithmetic, and the evolution ends its iteration with the rest of the budget unspent
+    instead of running out in the middle of a validation that could decide nothing."""
+    svc, suite, _ = world
+
+    def voting(proposal):
+        if proposal.spec.get("operator") != "answer_extraction":
+            return "reject", "not this one", None
+        files = dict(proposal.files)
+        toml = svc.harness(proposal.harness_version).files["harness.toml"]
+        files["harness.toml"] = re.sub(r"(?m)^samples = 1", "samples = 3", toml)
+        return "edit", "with voting", files
+
+    # Every call charged, cached or not (a benchmark's rule), so both evolutions count alike.
+    free = Evolver(svc, reviewer=voting)
+    unlimited = free.run(free.create(config(suite, label="unlimited", charge_cached=True)).id)
+    at_screen = unlimited.rows[0].steps[0].spent.calls - 48  # what it had spent before validating
+    budget = at_screen + 30  # the validation needs 12 + 36
+    tight = Evolver(svc, reviewer=voting)
+    evo = tight.run(tight.create(config(suite, label="tight", max_model_calls=budget, charge_cached=True)).id)
+    assert evo.status == "done" and len(evo.rows) == 1, (evo.status, evo.result.get("abandoned"))
+    row = evo.rows[0]
+    fate = {h.operator: h for h in row.history}
+    assert fate["answer_extraction"].outcome == "not_validated", row.history
+    # Set aside before its screening: screening (12 at 3 calls) and validation would need 84, 66 are left.
+    assert "not screened: screening (36) and validation (48) would need about 84" in fate["answer_extraction"].why
+    assert row.gate.startswith("not validated: not screened")
+    assert not row.calls_by_phase.get("screen") and not row.calls_by_phase.get("validate"), row.calls_by_phase
+    assert evo.result["spent"]["calls"] < budget - 30 and evo.current_version == evo.base_version
+
+    # The per-instance search screens nothing: its validation is the one set aside.
+    alone = Evolver(svc, reviewer=voting)
+    free = alone.run(alone.create(config(suite, strategy="per-instance", label="pi", charge_cached=True)).id)
+    before_val = free.rows[0].steps[0].spent.calls - 48
+    short = Evolver(svc, reviewer=voting)
+    evo = short.run(short.create(config(suite, strategy="per-instance", label="pi tight", charge_cached=True,
+                                        max_model_calls=before_val + 30)).id)
+    row = evo.rows[0]
+    assert row.gate.startswith("not validated: its validation (48) would need about 48 model calls"), row.gate
+    assert not row.calls_by_phase.get("validate") and evo.result["spent"]["calls"] == before_val
+    assert evo.current_version == evo.base_version

@@ -129,7 +129,7 @@ class CaseFile:
     concerns: list[dict[str, str]] = field(default_factory=list)
     tried_operators: list[str] = field(default_factory=list)  # operators already objected to here
     # What earlier iterations of the evolution tried and what became of it: dicts with operator,
-    # change, outcome (kept | rejected | screened_out | rolled_back | not_applied) and why.
+    # change, outcome (kept | rejected | screened_out | rolled_back | not_validated | not_applied) and why.
     history: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -137,14 +137,16 @@ class CaseFile:
         """Operators tried before without being kept, with what happened: one a person rejected,
         always; one the gate rolled back, while the harness is still the version it was tried on
         (on a changed harness it may complete a kept change); one that screening found no better,
+        or whose validation the budget left could not pay for,
         on that harness and in the same batch only (see `screened_elsewhere`)."""
         out: dict[str, str] = {}
         for h in self.history:
             outcome = h.get("outcome")
             same = h.get("harness_version") in (None, self.harness_version)
-            if outcome == "screened_out" and h.get("other_batch"):
+            if outcome in ("screened_out", "not_validated") and h.get("other_batch"):
                 continue
-            if h.get("operator") and (outcome == "rejected" or (outcome in ("screened_out", "rolled_back") and same)):
+            if h.get("operator") and (outcome == "rejected"
+                                      or (outcome in ("screened_out", "rolled_back", "not_validated") and same)):
                 out[str(h["operator"])] = f"{str(outcome).replace('_', ' ')} in iteration {h.get('iteration', '?')}"
         return out
 
