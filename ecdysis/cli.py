@@ -269,7 +269,7 @@ def evolve(
                                                "to validation (0: drop only what loses there)"),
     screen_min_wins: int = typer.Option(1, min=0, help="screening: the least number of batch outcomes a change "
                                                        "must repair to go on to validation"),
-    screen_k: float = typer.Option(1.0, min=0.0, help="screening: a change is screened out for losing, or for not "
+    screen_k: float = typer.Option(2.0, min=0.0, help="screening: a change is screened out for losing, or for not "
                                                       "paying for its calls, only by more than this many standard "
                                                       "errors of its batch outcomes"),
     screen_rounds: int = typer.Option(3, min=1, help="screening rounds: while nothing survives screening, "
