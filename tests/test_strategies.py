@@ -92,12 +92,8 @@ def test_changes_are_validated_one_at_a_time_even_without_screening(world) -> No
         assert row["screened"] == 0 and all(len(st["changes"]) <= 1 for st in row["steps"])
 
 
-def test_a_change_that_adds_calls_must_pay_for_them(world) -> None:
-    """The extraction repair with 3-sample voting added: it fixes its cluster either way, but
-    costs 2 more calls an instance. At 0.6 accuracy a call it must gain 120 points: refused; at the
-    default 5 points a call it is kept."""
-    svc, suite, _ = world
-
+def voting_reviewer(svc: Service):
+    """A reviewer who approves only the extraction repair, edited to draw 3 samples an instance."""
     def voting(proposal):
         if proposal.spec.get("operator") != "answer_extraction":
             return "reject", "not this one", None
@@ -105,6 +101,15 @@ def test_a_change_that_adds_calls_must_pay_for_them(world) -> None:
         toml = svc.harness(proposal.harness_version).files["harness.toml"]
         files["harness.toml"] = re.sub(r"(?m)^samples = 1", "samples = 3", toml)
         return "edit", "with voting", files
+    return voting
+
+
+def test_a_change_that_adds_calls_must_pay_for_them(world) -> None:
+    """The extraction repair with 3-sample voting added: it fixes its cluster either way, but
+    costs 2 more calls an instance. At 0.6 accuracy a call it must gain 120 points: refused; at the
+    default 5 points a call it is kept."""
+    svc, suite, _ = world
+    voting = voting_reviewer(svc)
 
     dear = Evolver(svc, reviewer=voting)
     evo = dear.run(dear.create(config(suite, min_gain_per_call=0.6)).id)
@@ -486,14 +491,7 @@ def test_a_validation_the_budget_cannot_finish_is_not_started(world) -> None:
     with the arithmetic, and the evolution ends its iteration with the rest of the budget unspent
     instead of running out in the middle of a validation that could decide nothing."""
     svc, suite, _ = world
-
-    def voting(proposal):
-        if proposal.spec.get("operator") != "answer_extraction":
-            return "reject", "not this one", None
-        files = dict(proposal.files)
-        toml = svc.harness(proposal.harness_version).files["harness.toml"]
-        files["harness.toml"] = re.sub(r"(?m)^samples = 1", "samples = 3", toml)
-        return "edit", "with voting", files
+    voting = voting_reviewer(svc)
 
     # Every call charged, cached or not (a benchmark's rule), so both evolutions count alike.
     free = Evolver(svc, reviewer=voting)
