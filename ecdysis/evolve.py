@@ -15,11 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import tomllib
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from ecdysis import diagnosis, lifecycle
 from ecdysis.diffs import FileDiff, apply_diffs
@@ -27,6 +26,7 @@ from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, Inp
 from ecdysis.gate import (DEFAULT_K, POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, call_cost,
                           cost_shortfall, decide, paired)
 from ecdysis.harness import harness_id, new_version
+from ecdysis.harness import params as harness_params
 from ecdysis.leases import Held, evolution_key
 from ecdysis.records import Instance
 from ecdysis.budget import CallBudget
@@ -961,11 +961,11 @@ class Evolver:
             self._save(evo)
 
 
-def _samples(files: Mapping[str, str]) -> int:
-    """The answers a harness draws per instance (its `samples` parameter), 1 when it does not say."""
+def _samples(files: dict[str, str]) -> int:
+    """The answers a stored (so loadable) harness draws per instance, 1 when it does not say."""
     try:
-        return max(1, int(tomllib.loads(files.get("harness.toml", "")).get("params", {}).get("samples", 1)))
-    except (tomllib.TOMLDecodeError, TypeError, ValueError, AttributeError):
+        return max(1, int(harness_params(files).get("samples", 1)))  # type: ignore[call-overload]
+    except (TypeError, ValueError):
         return 1
 
 
