@@ -364,6 +364,11 @@ class CriticChecks:
         if name and name in OPERATORS and OPERATORS[name].present(case.files):
             return CheckResult("novel", False, f"operator {name} is already present in the harness; "
                                                f"propose a different repair")
+        if name and name in case.ruled_out:
+            # The heuristic Proposer skips these itself; an LLM Proposer is told and may still
+            # propose one, and each such draft would cost a screen that has already said no.
+            return CheckResult("novel", False, f"operator {name} was {case.ruled_out[name]} on this harness; "
+                                               f"propose a different repair")
         return CheckResult("novel", True, f"changes {', '.join(d.path for d in diffs)}")
 
     def _applies(self, diffs: list[FileDiff], draft: Draft) -> CheckResult:

@@ -375,6 +375,41 @@ def test_a_patch_that_repeats_a_present_repair_is_not_smoke_run() -> None:
     assert "loads" not in [r.name for r in results] and backend.history == []
 
 
+def test_a_draft_of_an_operator_ruled_out_on_this_harness_fails_its_novelty_check() -> None:
+    """An LLM Proposer is told what screening ruled out and proposed it again anyway (answer
+    extraction, twice in one iteration on BIG-bench, a 24-call screen each time). The novelty check
+    now fails such a draft before it costs anything, while a change screened out on an earlier
+    batch may still be proposed and screened on the new one, and one rejected by a person never."""
+    from ecdysis.aggregate import BatchContext
+    from ecdysis.models.gateway import ModelGateway
+    from ecdysis.refine import CriticChecks, SmokeRunner
+    from ecdysis.roles.base import CaseFile, Draft
+    store = MemoryStore()
+    _, suite, _ = plant(store)
+    cluster = run_diagnosis(MemoryStore()).clusters[0]
+    files = starter_files()
+    instances = {f"{suite.name}/{i.id}": i for i in suite.instances}
+    checks = CriticChecks(DataIndex.build(instances, []), SmokeRunner(ModelGateway(ScriptedBackend(default="True"), store)),
+                          files)
+    draft = Draft(spec=ModificationSpec.from_json({**SPEC, "operator": "option_scoring"}),
+                  files=OPERATORS["option_scoring"].patched(files))
+
+    def novel(*history: dict) -> tuple[bool, str]:
+        case = CaseFile(cluster=cluster, files=files, harness_version="h", batch=BatchContext({}, {}),
+                        history=list(history))
+        result = next(r for r in checks.run(case, draft)[0] if r.name == "novel")
+        return result.ok, result.detail
+
+    screened = {"operator": "option_scoring", "outcome": "screened_out", "harness_version": "h", "iteration": 2}
+    assert novel() == (True, "changes harness.py, harness.toml")
+    assert novel(screened) == (False, "operator option_scoring was screened out in iteration 2 on this harness; "
+                                      "propose a different repair")
+    assert novel(dict(screened, other_batch=True))[0]  # another batch: screened again, on this one
+    assert novel(dict(screened, harness_version="other"))[0]  # a changed harness: it may complete a kept change
+    ok, why = novel(dict(screened, outcome="rejected", other_batch=True, harness_version="other"))
+    assert not ok and "rejected in iteration 2" in why
+
+
 class _NaysayingCritic(_FirstDraftProposer):
     """The heuristic roles, except that the Critic turns every draft down with an opinion that
     names no check and no measurement, as the small LLM Critic did on BIG-bench."""
