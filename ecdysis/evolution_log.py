@@ -82,6 +82,7 @@ class Screening:
     """A change tried alone on its cluster and the batch, paired against the parent's outcomes."""
 
     n: int | None = None
+    earlier: int = 0      # of the n, outcomes from this change's screens on earlier batches
     wins: int = 0
     losses: int = 0
     net: int | None = None

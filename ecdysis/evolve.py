@@ -95,6 +95,10 @@ class EvolveConfig:
     # this many rounds. A strategy that screens pays a batch's calls to learn that a repair does
     # not help, where one that does not pays a validation.
     screen_rounds: int = 3
+    # ... and the same change screened on an earlier batch of this evolution, on the same harness,
+    # has its paired outcomes there pooled with this batch's: both sides are paid for already, so
+    # the verdict rests on more outcomes at no cost (False: each batch judged alone, as before).
+    screen_pool: bool = True
     charge_cached: bool = False    # benchmarks sharing one cache: a cached answer costs its call
     seed: int = 0                  # != 0: the train split is shuffled by it before batches are cut
 
@@ -631,6 +635,11 @@ class Evolver:
         runs = self._ensure_runs(cur, f"screen_runs:{pid}@{current.id}", candidate, instances, cfg, budget,
                                  split="train", owner=evo.id)
         mine = self._results(runs)
+        here = len([k for k in mine if k in parent])
+        if cfg.screen_pool:
+            # This change's screens on earlier batches of this harness: paid for on both sides.
+            parent = {**self._paid_results(current.id, "train"), **parent}
+            mine = {**self._paid_results(candidate.id, "train"), **mine}
         keys = sorted(k for k in mine if k in parent)
         verdict = {k: parent[k].correct for k in keys}, {k: mine[k].correct for k in keys}
         _, wins, losses = paired(*verdict)
@@ -639,12 +648,14 @@ class Evolver:
         # The most the change may gain, allowing for the batch's noise: what screening holds against it.
         spread = cfg.screen_k * math.sqrt(wins + losses)
         result = {**against, "candidate": candidate.id, "instances": len(instances), "cluster_instances": len(own),
-                  "guards": len(guards), "n": len(keys), "wins": wins, "losses": losses, "net": net, **cost}
-        measured = f"net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired)"
+                  "guards": len(guards), "n": len(keys), "earlier": len(keys) - here, "wins": wins,
+                  "losses": losses, "net": net, **cost}
+        pooled = f", {len(keys) - here} of them from earlier batches" if len(keys) > here else ""
+        measured = f"net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired{pooled})"
         errors = f"{cfg.screen_k:g} standard error{'' if cfg.screen_k == 1 else 's'} ({spread / (cfg.screen_k or 1):.2f})"
         if wins < cfg.screen_min_wins:
             why = (f"screened alone on {current.id}: {measured}; "
-                   f"it repaired {'nothing' if not wins else f'only {wins}'} on the batch")
+                   f"it repaired {'nothing' if not wins else f'only {wins}'} on the batch{' and before' if pooled else ''}")
             return {**result, "passed": False, "reason": why}
         if net + spread < cfg.screen_min_net:
             why = f"screened alone on {current.id}: {measured} is below {cfg.screen_min_net:+d} by more than {errors}"
@@ -654,6 +665,12 @@ class Evolver:
             return {**result, "passed": False,
                     "reason": f"screened alone: {measured}; even {errors} above that, {short}"}
         return {**result, "passed": True, "reason": f"screened alone on {current.id}: {measured}"}
+
+    def _paid_results(self, version_id: str, split: str) -> dict[PairKey, Any]:
+        """The results of `version_id` on `split` in the finished runs this evolution paid for."""
+        runs = [run.id for rid in self._paid_runs() if (run := self.store.get_run(rid)) is not None
+                and run.harness_version == version_id and run.split == split and run.status == "done"]
+        return self._results(runs)
 
     def _train_version(self, cur: dict[str, Any]) -> str | None:
         runs = [self.store.get_run(rid) for rid in cur.get("train_runs", {}).values()]
@@ -739,6 +756,8 @@ class Evolver:
         parent = self.svc.harness(evo.current_version)
         train = [r for rid in cur.get("train_runs", {}).values() for r in self.store.get_results(rid)]
         rate = sum(len(r.calls) for r in train) / len(train) if train else 1.0
+        if measured_rate is None:
+            measured_rate = self._measured_rate(candidate.id)
         cand_rate = measured_rate if measured_rate is not None else rate * _samples(candidate.files) / _samples(parent.files)
         val = [i.id for i in self._val_instances(evo, cfg, "validation", cfg.val_limit)]
         need = (self._runs_cost(parent, val, rate, cfg, budget) + self._runs_cost(candidate, val, cand_rate, cfg, budget))
@@ -750,6 +769,16 @@ class Evolver:
         return (f"{what} would need about {need + screen:.0f} model calls ({len(val)} validation instances x "
                 f"{len(cfg.models)} model(s), {cand_rate:.2f} calls each for the candidate) and {left} are left "
                 f"of the budget")
+
+    def _measured_rate(self, version_id: str) -> float | None:
+        """Calls per instance of this version in the finished runs stored for it (an earlier
+        screen of the same change, or another strategy's run), or None when it never ran: the
+        samples a version draws do not show the calls its own code makes (option scoring's
+        calibration call, a retry)."""
+        results = [r for run in self.store.list_runs(limit=500)
+                   if run.harness_version == version_id and run.status == "done"
+                   for r in self.store.get_results(run.id)]
+        return sum(len(r.calls) for r in results) / len(results) if results else None
 
     def _runs_cost(self, version: HarnessVersion, iids: list[str], rate: float, cfg: EvolveConfig,
                    budget: CallBudget) -> float:
@@ -812,7 +841,10 @@ class Evolver:
                            parent_val_accuracy=verdict.parent_accuracy if verdict else None,
                            gate=cur.get("verdict"), applied=step["changes"], models=list(evo.models),
                            evolution=evo.id, iteration=cur["iteration"])
-            self.store.update_harness(cur["candidate"], status="kept" if kept else "rolled_back", metrics=metrics)
+            if verdict is None:  # never judged (its validation did not fit): not rolled back, set aside
+                metrics["not_validated"] = cur.get("not_validated")
+            self.store.update_harness(cur["candidate"], metrics=metrics,
+                                      status=None if verdict is None else "kept" if kept else "rolled_back")
             if kept:
                 evo.current_version = cur["candidate"]
         cur.setdefault("steps", []).append(step)
@@ -843,7 +875,7 @@ class Evolver:
             "screen_rounds": cur.get("round", 1),
             "applied": len(changes),
             "kept": sum(len(st["changes"]) for st in kept_steps),
-            "rolled_back": any(st.get("candidate") and not st["kept"] for st in steps),
+            "rolled_back": any(st.get("candidate") and not st["kept"] and not st.get("not_validated") for st in steps),
             "gate": "; ".join(v.reason for v in verdicts) if verdicts else self._no_candidate_reason(cur),
             "steps": steps,
             "history": self._outcomes_of(cur, steps),

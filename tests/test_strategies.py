@@ -104,6 +104,48 @@ def voting_reviewer(svc: Service):
     return voting
 
 
+TWICE = """
+
+_planted_once = solve
+
+
+def solve(task, model, harness):
+    _planted_once(task, model, harness)  # a first answer, thrown away: a second call per instance
+    return _planted_once(task, model, harness)
+"""
+
+
+def test_calls_a_change_makes_in_its_own_code_are_counted_before_screening_it(world) -> None:
+    """A change whose harness code calls the model twice an instance draws one sample, so its
+    calls cannot be read from `samples`: before, the cost of screening it was estimated at one call
+    an instance (as option scoring was, at two), and a screen was paid for whose validation could
+    not follow. The rate measured in an earlier run of the same version (here another seed's
+    evolution; in a long one, an earlier batch's screen) is used, and the change is set aside
+    before any call is spent on it."""
+    svc, suite, _ = world
+
+    def twice(proposal):
+        if proposal.spec.get("operator") != "answer_extraction":
+            return "reject", "not this one", None
+        return "edit", "answer twice", {**proposal.files, "harness.py": proposal.files["harness.py"] + TWICE}
+
+    first = Evolver(svc, reviewer=twice)
+    done = first.run(first.create(config(suite, seed=1, label="seed 1", charge_cached=True)).id)
+    assert done.current_version != done.base_version  # screened, validated and kept: measured at 2 calls
+    before_screen = sum(n for phase, n in done.rows[0].calls_by_phase.items() if phase in ("train", "diagnose"))
+    second = Evolver(svc, reviewer=twice)
+    evo = second.run(second.create(config(suite, seed=2, label="seed 2", charge_cached=True,
+                                          max_model_calls=before_screen + 54)).id)
+    row = evo.rows[0]
+    fate = {h.operator: h for h in row.history}
+    # Screening its 12 instances (another order: no stored run) at 2 calls, then the validation
+    # runs of the first evolution, charged at their recorded 12 + 24 calls: 60 > 54.
+    assert fate["answer_extraction"].outcome == "not_validated", row.history
+    assert "not screened: screening (24) and validation (36) would need about 60" in fate["answer_extraction"].why
+    assert "2.00 calls each for the candidate" in fate["answer_extraction"].why
+    assert not row.calls_by_phase.get("screen"), row.calls_by_phase
+
+
 def test_a_change_that_adds_calls_must_pay_for_them(world) -> None:
     """The extraction repair with 3-sample voting added: it fixes its cluster either way, but
     costs 2 more calls an instance. At 0.6 accuracy a call it must gain 120 points: refused; at the
@@ -485,6 +527,59 @@ def test_a_batch_verdict_within_its_noise_does_not_screen_a_change_out(tmp_path:
     assert before.current_version == before.base_version
 
 
+def pooled_world(tmp_path: Path, store) -> tuple[Service, str, Any]:
+    """"Read the last number" is bad here (every validation question is a trap: the starter's first
+    line is right, the last number wrong). The first batch shows it: one wrapped question it
+    repairs, seven traps it breaks, four empty replies. The second batch (the first one's five
+    failures again, then seven plain questions of the next window) shows only its good side: 1 won,
+    0 lost. The reviewer turns the first proposal of each iteration into that change (the same
+    files, so the same version) and rejects the others."""
+    from ecdysis.runner import pick_instances
+    suite = write_suite(tmp_path / "tiny.jsonl")
+    svc = Service(store)
+    loaded = svc.suite(str(suite))
+    first = window(pick_instances(loaded, "train", None), 12, 1)
+    kinds = {i.id: "bare" for i in loaded.instances}
+    kinds.update({i.id: "trap" for i in loaded.split("validation") + loaded.split("test")})
+    kinds.update({first[0].id: "wrapped"} | {i.id: "empty" for i in first[1:5]} | {i.id: "trap" for i in first[5:]})
+    replies = {"bare": "{t}", "wrapped": "Let me think.\nThe answer is {t}.", "trap": "{t}\nNot {u}.", "empty": ""}
+    rules = [Rule(text=replies[kinds[i.id]].format(t=i.target, u=int(i.target) + 1), match=i.input)
+             for i in loaded.instances]
+    register_backend(ScriptedBackend(rules, model_id="planted-pooled", default="I do not know."))
+    made: set[str] = set()
+
+    def review(proposal):
+        if proposal.diagnosis_id in made:  # one diagnosis an iteration (one screening round)
+            return "reject", "one repair is enough", None
+        made.add(proposal.diagnosis_id)
+        code = svc.harness(proposal.harness_version).files["harness.py"]
+        return "edit", "read the last number", {"harness.py": code.rstrip("\n") + "\n" + LAST_NUMBER}
+    return svc, str(suite), review
+
+
+def test_a_change_screened_again_is_judged_on_every_batch_it_was_screened_on(tmp_path: Path, store) -> None:
+    """Screened on the second batch alone, the bad change measures 1 won, 0 lost and goes on to a
+    validation that rolls it back. Pooled with its first screen (both sides paid for already), it
+    is 1 won, 7 lost on 19 paired outcomes, and is screened out without a validation's calls."""
+    svc, suite, review = pooled_world(tmp_path, store)
+    evo = Evolver(svc, reviewer=review)
+    done = evo.run(evo.create(config(suite, models=["planted-pooled"], iterations=2, screen_rounds=1)).id)
+    first, second = done.rows
+    assert [h.outcome for h in first.history if h.outcome != "rejected"] == ["screened_out"], first.history
+    again = [h for h in second.history if h.outcome != "rejected"]
+    assert [h.outcome for h in again] == ["screened_out"], second.history
+    assert "net -6 (1 won, 7 lost on 19 paired, 7 of them from earlier batches)" in again[0].why, again[0].why
+    assert not second.calls_by_phase.get("validate") and done.current_version == done.base_version
+
+    svc, suite, review = pooled_world(tmp_path, store)
+    evo = Evolver(svc, reviewer=review)
+    alone = evo.run(evo.create(config(suite, models=["planted-pooled"], iterations=2, screen_rounds=1,
+                                      screen_pool=False, label="each batch alone")).id)
+    second = alone.rows[1]
+    assert [h.outcome for h in second.history if h.outcome != "rejected"] == ["rolled_back"], second.history
+    assert second.calls_by_phase.get("validate") and alone.current_version == alone.base_version
+
+
 def test_a_validation_the_budget_cannot_finish_is_not_started(world) -> None:
     """The extraction repair with 3-sample voting screens well, but validating it (12 instances at
     3 calls, and the parent's 12) does not fit in what is left: it is recorded as not validated,
@@ -521,3 +616,7 @@ def test_a_validation_the_budget_cannot_finish_is_not_started(world) -> None:
     assert row.gate.startswith("not validated: its validation (48) would need about 48 model calls"), row.gate
     assert not row.calls_by_phase.get("validate") and evo.result["spent"]["calls"] == before_val
     assert evo.current_version == evo.base_version
+    # Set aside, not rolled back: the version keeps the status the evolution that judged it gave it.
+    step = row.steps[0]
+    assert step.candidate and not row.rolled_back
+    assert svc.store.get_harness(step.candidate).status == "kept"  # "pi" validated and kept it
