@@ -476,6 +476,31 @@ def extract_answer(text, task):
 '''
 
 
+REPLIES = {"bare": "{t}", "wrapped": "Let me think.\nThe answer is {t}.", "trap": "{t}\nNot {u}.", "empty": ""}
+
+
+def answer_in_kinds(instances: list[Instance], kinds: dict[str, str], model_id: str) -> None:
+    """A scripted model answering each instance in its kind's form: "bare" (the number), "wrapped"
+    in a sentence, a "trap" (the number, then another on the next line) or "empty"."""
+    rules = [Rule(text=REPLIES[kinds[i.id]].format(t=i.target, u=int(i.target) + 1), match=i.input)
+             for i in instances]
+    register_backend(ScriptedBackend(rules, model_id=model_id, default="I do not know."))
+
+
+def last_number_reviewer(svc: Service, once_per: Any = lambda proposal: ""):
+    """A reviewer who turns the first proposal (of each `once_per` key) into "read the last number"
+    and rejects the others."""
+    made: set[str] = set()
+
+    def review(proposal):
+        if once_per(proposal) in made:
+            return "reject", "one repair is enough", None
+        made.add(once_per(proposal))
+        code = svc.harness(proposal.harness_version).files["harness.py"]
+        return "edit", "read the last number", {"harness.py": code.rstrip("\n") + "\n" + LAST_NUMBER}
+    return review
+
+
 def noisy_batch_world(tmp_path: Path, store) -> tuple[Service, str, Any]:
     """A change that is good on validation (+12 of 12) but measures net -1 on the first batch
     (1 won, 2 lost, of 12): the model wraps validation answers in a sentence (read the last number:
@@ -491,19 +516,8 @@ def noisy_batch_world(tmp_path: Path, store) -> tuple[Service, str, Any]:
     kinds.update({i.id: "wrapped" for i in loaded.split("validation") + loaded.split("test")})
     kinds.update({batch[0].id: "wrapped", batch[1].id: "trap", batch[2].id: "trap"})
     kinds.update({i.id: "empty" for i in batch[3:8]})
-    replies = {"bare": "{t}", "wrapped": "Let me think.\nThe answer is {t}.", "trap": "{t}\nNot {u}.", "empty": ""}
-    rules = [Rule(text=replies[kinds[i.id]].format(t=i.target, u=int(i.target) + 1), match=i.input)
-             for i in loaded.instances]
-    register_backend(ScriptedBackend(rules, model_id="planted-noisy-batch", default="I do not know."))
-    made: list[str] = []
-
-    def review(proposal):
-        if made:
-            return "reject", "one repair is enough", None
-        made.append(proposal.id)
-        code = svc.harness(proposal.harness_version).files["harness.py"]
-        return "edit", "read the last number", {"harness.py": code.rstrip("\n") + "\n" + LAST_NUMBER}
-    return svc, str(suite), review
+    answer_in_kinds(loaded.instances, kinds, "planted-noisy-batch")
+    return svc, str(suite), last_number_reviewer(svc)
 
 
 def test_a_batch_verdict_within_its_noise_does_not_screen_a_change_out(tmp_path: Path, store) -> None:
@@ -542,19 +556,9 @@ def pooled_world(tmp_path: Path, store) -> tuple[Service, str, Any]:
     kinds = {i.id: "bare" for i in loaded.instances}
     kinds.update({i.id: "trap" for i in loaded.split("validation") + loaded.split("test")})
     kinds.update({first[0].id: "wrapped"} | {i.id: "empty" for i in first[1:5]} | {i.id: "trap" for i in first[5:]})
-    replies = {"bare": "{t}", "wrapped": "Let me think.\nThe answer is {t}.", "trap": "{t}\nNot {u}.", "empty": ""}
-    rules = [Rule(text=replies[kinds[i.id]].format(t=i.target, u=int(i.target) + 1), match=i.input)
-             for i in loaded.instances]
-    register_backend(ScriptedBackend(rules, model_id="planted-pooled", default="I do not know."))
-    made: set[str] = set()
-
-    def review(proposal):
-        if proposal.diagnosis_id in made:  # one diagnosis an iteration (one screening round)
-            return "reject", "one repair is enough", None
-        made.add(proposal.diagnosis_id)
-        code = svc.harness(proposal.harness_version).files["harness.py"]
-        return "edit", "read the last number", {"harness.py": code.rstrip("\n") + "\n" + LAST_NUMBER}
-    return svc, str(suite), review
+    answer_in_kinds(loaded.instances, kinds, "planted-pooled")
+    # one diagnosis an iteration (one screening round): the first proposal of each
+    return svc, str(suite), last_number_reviewer(svc, once_per=lambda proposal: proposal.diagnosis_id)
 
 
 def test_a_change_screened_again_is_judged_on_every_batch_it_was_screened_on(tmp_path: Path, store) -> None:
