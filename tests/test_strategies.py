@@ -479,12 +479,22 @@ def extract_answer(text, task):
 REPLIES = {"bare": "{t}", "wrapped": "Let me think.\nThe answer is {t}.", "trap": "{t}\nNot {u}.", "empty": ""}
 
 
-def answer_in_kinds(instances: list[Instance], kinds: dict[str, str], model_id: str) -> None:
-    """A scripted model answering each instance in its kind's form: "bare" (the number), "wrapped"
-    in a sentence, a "trap" (the number, then another on the next line) or "empty"."""
+def kinds_world(tmp_path: Path, store, model_id: str, held_out: str, first_batch: Any) -> tuple[Service, str]:
+    """The arithmetic suite, answered by a scripted model in one form per instance: "bare" (the
+    number), "wrapped" in a sentence, a "trap" (the number, then another on the next line) or
+    "empty". Validation and test are `held_out`, the first batch's instances as
+    `first_batch(batch)` says, the rest bare."""
+    from ecdysis.runner import pick_instances
+    suite = write_suite(tmp_path / "tiny.jsonl")
+    svc = Service(store)
+    loaded = svc.suite(str(suite))
+    kinds = {i.id: "bare" for i in loaded.instances}
+    kinds.update({i.id: held_out for i in loaded.split("validation") + loaded.split("test")})
+    kinds.update(first_batch(window(pick_instances(loaded, "train", None), 12, 1)))
     rules = [Rule(text=REPLIES[kinds[i.id]].format(t=i.target, u=int(i.target) + 1), match=i.input)
-             for i in instances]
+             for i in loaded.instances]
     register_backend(ScriptedBackend(rules, model_id=model_id, default="I do not know."))
+    return svc, str(suite)
 
 
 def last_number_reviewer(svc: Service, once_per: Any = lambda proposal: ""):
@@ -507,17 +517,9 @@ def noisy_batch_world(tmp_path: Path, store) -> tuple[Service, str, Any]:
     right; the starter's first line: wrong), and on the batch answers one question wrapped, two as
     "12\\nNot 13." (the starter right, the last number wrong), five with nothing and four bare.
     The reviewer turns the first proposal into "read the last number" and rejects the others."""
-    from ecdysis.runner import pick_instances
-    suite = write_suite(tmp_path / "tiny.jsonl")
-    svc = Service(store)
-    loaded = svc.suite(str(suite))
-    batch = window(pick_instances(loaded, "train", None), 12, 1)
-    kinds = {i.id: "bare" for i in loaded.instances}
-    kinds.update({i.id: "wrapped" for i in loaded.split("validation") + loaded.split("test")})
-    kinds.update({batch[0].id: "wrapped", batch[1].id: "trap", batch[2].id: "trap"})
-    kinds.update({i.id: "empty" for i in batch[3:8]})
-    answer_in_kinds(loaded.instances, kinds, "planted-noisy-batch")
-    return svc, str(suite), last_number_reviewer(svc)
+    svc, suite = kinds_world(tmp_path, store, "planted-noisy-batch", "wrapped", lambda batch: {
+        batch[0].id: "wrapped", batch[1].id: "trap", batch[2].id: "trap"} | {i.id: "empty" for i in batch[3:8]})
+    return svc, suite, last_number_reviewer(svc)
 
 
 def test_a_batch_verdict_within_its_noise_does_not_screen_a_change_out(tmp_path: Path, store) -> None:
@@ -548,17 +550,10 @@ def pooled_world(tmp_path: Path, store) -> tuple[Service, str, Any]:
     failures again, then seven plain questions of the next window) shows only its good side: 1 won,
     0 lost. The reviewer turns the first proposal of each iteration into that change (the same
     files, so the same version) and rejects the others."""
-    from ecdysis.runner import pick_instances
-    suite = write_suite(tmp_path / "tiny.jsonl")
-    svc = Service(store)
-    loaded = svc.suite(str(suite))
-    first = window(pick_instances(loaded, "train", None), 12, 1)
-    kinds = {i.id: "bare" for i in loaded.instances}
-    kinds.update({i.id: "trap" for i in loaded.split("validation") + loaded.split("test")})
-    kinds.update({first[0].id: "wrapped"} | {i.id: "empty" for i in first[1:5]} | {i.id: "trap" for i in first[5:]})
-    answer_in_kinds(loaded.instances, kinds, "planted-pooled")
+    svc, suite = kinds_world(tmp_path, store, "planted-pooled", "trap", lambda batch: {
+        batch[0].id: "wrapped"} | {i.id: "empty" for i in batch[1:5]} | {i.id: "trap" for i in batch[5:]})
     # one diagnosis an iteration (one screening round): the first proposal of each
-    return svc, str(suite), last_number_reviewer(svc, once_per=lambda proposal: proposal.diagnosis_id)
+    return svc, suite, last_number_reviewer(svc, once_per=lambda proposal: proposal.diagnosis_id)
 
 
 def test_a_change_screened_again_is_judged_on_every_batch_it_was_screened_on(tmp_path: Path, store) -> None:
