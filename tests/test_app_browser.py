@@ -528,14 +528,22 @@ def test_a_queued_batch_stopped_in_the_browser_is_cancelled_at_once(app_url: str
     start = page.get_by_role("button", name="Start batch")
     bars = page.locator('[data-testid="stProgress"]').filter(has_text=re.compile(r"batch \w+ · "))
     for started in range(1, 4):
-        if not start.is_visible():  # the form folds away once a run exists
-            page.get_by_text("Start a batch", exact=True).click()
-        page.get_by_role("spinbutton", name="Batch size").fill("60")
-        start.click()
-        settle(page)
-        # The next batch is started only once this one shows its bar: a click while the page is
-        # still redrawing from the last one can land on a form that is folding away.
-        expect(bars).to_have_count(started, timeout=30_000)
+        for attempt in (1, 2):
+            if not start.is_visible():  # the form folds away once a run exists
+                page.get_by_text("Start a batch", exact=True).click()
+            page.get_by_role("spinbutton", name="Batch size").fill("60")
+            start.click()
+            settle(page)
+            # The next batch is started only once this one shows its bar: a click while the page is
+            # still redrawing from the last one can land on a form that is folding away. With two
+            # batches updating their bars, such a click was lost once in a CI run (2 bars, not 3):
+            # clicked again only then, so a second batch is never started by the retry.
+            try:
+                expect(bars).to_have_count(started, timeout=30_000)
+                break
+            except AssertionError:
+                if attempt == 2 or bars.count() != started - 1:
+                    raise
     queued = page.locator('[data-testid="stProgress"]').filter(has_text=re.compile(r"· queued"))
     expect(queued).to_have_count(1, timeout=30_000)
     job_id = re.search(r"batch (\w+) · queued", queued.inner_text()).group(1)  # type: ignore[union-attr]
