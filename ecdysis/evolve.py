@@ -24,7 +24,7 @@ from ecdysis import diagnosis, lifecycle
 from ecdysis.diffs import FileDiff, apply_diffs
 from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, InputError
 from ecdysis.gate import (DEFAULT_K, POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, call_cost,
-                          cost_shortfall, decide, paired)
+                          calls_per_instance, cost_shortfall, decide, paired)
 from ecdysis.harness import harness_id, new_version
 from ecdysis.harness import params as harness_params
 from ecdysis.leases import Held, evolution_key
@@ -641,6 +641,7 @@ class Evolver:
             parent = {**self._paid_results(current.id, "train"), **parent}
             mine = {**self._paid_results(candidate.id, "train"), **mine}
         keys = sorted(k for k in mine if k in parent)
+        earlier = len(keys) - here
         verdict = {k: parent[k].correct for k in keys}, {k: mine[k].correct for k in keys}
         _, wins, losses = paired(*verdict)
         cost = call_cost(parent, mine, keys)
@@ -648,14 +649,14 @@ class Evolver:
         # The most the change may gain, allowing for the batch's noise: what screening holds against it.
         spread = cfg.screen_k * math.sqrt(wins + losses)
         result = {**against, "candidate": candidate.id, "instances": len(instances), "cluster_instances": len(own),
-                  "guards": len(guards), "n": len(keys), "earlier": len(keys) - here, "wins": wins,
+                  "guards": len(guards), "n": len(keys), "earlier": earlier, "wins": wins,
                   "losses": losses, "net": net, **cost}
-        pooled = f", {len(keys) - here} of them from earlier batches" if len(keys) > here else ""
+        pooled = f", {earlier} of them from earlier batches" if earlier else ""
         measured = f"net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired{pooled})"
         errors = f"{cfg.screen_k:g} standard error{'' if cfg.screen_k == 1 else 's'} ({spread / (cfg.screen_k or 1):.2f})"
         if wins < cfg.screen_min_wins:
             why = (f"screened alone on {current.id}: {measured}; "
-                   f"it repaired {'nothing' if not wins else f'only {wins}'} on the batch{' and before' if pooled else ''}")
+                   f"it repaired {'nothing' if not wins else f'only {wins}'} on the batch{' and before' if earlier else ''}")
             return {**result, "passed": False, "reason": why}
         if net + spread < cfg.screen_min_net:
             why = f"screened alone on {current.id}: {measured} is below {cfg.screen_min_net:+d} by more than {errors}"
@@ -755,7 +756,8 @@ class Evolver:
             return None
         parent = self.svc.harness(evo.current_version)
         train = [r for rid in cur.get("train_runs", {}).values() for r in self.store.get_results(rid)]
-        rate = sum(len(r.calls) for r in train) / len(train) if train else 1.0
+        parent_rate = calls_per_instance(train)
+        rate = 1.0 if parent_rate is None else parent_rate
         if measured_rate is None:
             measured_rate = self._measured_rate(candidate.id)
         cand_rate = measured_rate if measured_rate is not None else rate * _samples(candidate.files) / _samples(parent.files)
@@ -775,10 +777,9 @@ class Evolver:
         screen of the same change, or another strategy's run), or None when it never ran: the
         samples a version draws do not show the calls its own code makes (option scoring's
         calibration call, a retry)."""
-        results = [r for run in self.store.list_runs(limit=500)
-                   if run.harness_version == version_id and run.status == "done"
-                   for r in self.store.get_results(run.id)]
-        return sum(len(r.calls) for r in results) / len(results) if results else None
+        return calls_per_instance([r for run in self.store.list_runs(limit=500)
+                                    if run.harness_version == version_id and run.status == "done"
+                                    for r in self.store.get_results(run.id)])
 
     def _runs_cost(self, version: HarnessVersion, iids: list[str], rate: float, cfg: EvolveConfig,
                    budget: CallBudget) -> float:

@@ -26,14 +26,20 @@ def paired(parent: dict[PairKey, bool], candidate: dict[PairKey, bool]) -> tuple
     return keys, wins, losses
 
 
+def calls_per_instance(results: Sequence[InstanceResult]) -> float | None:
+    """The model calls these results made (cached ones included: the harness made them), per
+    result; None for no results."""
+    return sum(len(r.calls) for r in results) / len(results) if results else None
+
+
 def call_cost(parent: Mapping[PairKey, InstanceResult], candidate: Mapping[PairKey, InstanceResult],
               keys: Sequence[PairKey]) -> dict[str, float]:
     """Model calls per instance of the parent and the candidate on the same instances (cached
     calls included: the harness made them), and the extra the candidate adds."""
     if not keys:
         return {"parent_calls": 0.0, "candidate_calls": 0.0, "extra_calls": 0.0}
-    before = sum(len(parent[k].calls) for k in keys) / len(keys)
-    after = sum(len(candidate[k].calls) for k in keys) / len(keys)
+    before = calls_per_instance([parent[k] for k in keys]) or 0.0
+    after = calls_per_instance([candidate[k] for k in keys]) or 0.0
     return {"parent_calls": round(before, 3), "candidate_calls": round(after, 3),
             "extra_calls": round(max(0.0, after - before), 3)}
 
