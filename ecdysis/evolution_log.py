@@ -161,8 +161,9 @@ class GateStep:
 
 @dataclass(frozen=True)
 class Tried:
-    """A proposal of an iteration and what became of it (kept, rolled back, screened out,
-    rejected, not applied), as later iterations' roles are told."""
+    """A proposal of an iteration and what became of it (kept, rolled back, screened out, not
+    validated, rejected by a person, not endorsed by the Critic, not applied), as later
+    iterations' roles are told."""
 
     proposal_id: str
     operator: str = ""

@@ -923,9 +923,12 @@ class Evolver:
             if p is None:
                 continue
             if p.status == "rejected":
+                # A person's (or auto-approval's) rejection is a decision on record and rules the
+                # operator out for good; the Critic's is not one (its proposal is stored rejected
+                # with no decision) and holds on this batch only, like a screen's verdict.
                 decisions = self.store.list_decisions(pid)
-                why = decisions[-1].reason if decisions else p.data.get("reason", "")
-                outcome = ("rejected", why)
+                outcome = (("rejected", decisions[-1].reason) if decisions
+                           else ("not_endorsed", p.data.get("reason", "")))
             else:
                 outcome = fate.get(pid, ("not_applied", p.status))
             tried_on = cur.get("screen", {}).get(pid, {}).get("against") if outcome[0] == "screened_out" else None

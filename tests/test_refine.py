@@ -408,6 +408,12 @@ def test_a_draft_of_an_operator_ruled_out_on_this_harness_fails_its_novelty_chec
     assert novel(dict(screened, harness_version="other"))[0]  # a changed harness: it may complete a kept change
     ok, why = novel(dict(screened, outcome="rejected", other_batch=True, harness_version="other"))
     assert not ok and "rejected in iteration 2" in why
+    # The Critic's "no" (a re-draft of a repair the budget set aside fails this very check) holds
+    # on this batch only; a person's rejection, above, holds on every batch and harness.
+    critic = dict(screened, outcome="not_endorsed")
+    assert novel(critic) == (False, "operator option_scoring was not endorsed in iteration 2 on this harness; "
+                                    "propose a different repair")
+    assert novel(dict(critic, other_batch=True))[0]
 
 
 class _NaysayingCritic(_FirstDraftProposer):

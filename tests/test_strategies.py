@@ -195,6 +195,28 @@ def test_a_budget_stops_role_calls_too(world) -> None:
     assert evo.result["spent"]["calls"] <= 15
 
 
+def test_the_critics_refusal_is_told_apart_from_a_persons_rejection(world) -> None:
+    """Both proposals are stored rejected; only the person's has a decision on record. Later
+    iterations' roles are told `rejected` for the person's (ruled out for good) and `not_endorsed`
+    for the Critic's (ruled out on that batch only), each with its own reason."""
+    from ecdysis.gate import decide
+    from ecdysis.roles.base import BatchContext, CaseFile
+    from ecdysis.store import ProposalRecord
+    svc, _, _ = world
+    for pid, op, status in (("by-critic", "option_scoring", "rejected"), ("by-person", "answer_extraction", "pending")):
+        svc.store.save_proposal(ProposalRecord(
+            id=pid, diagnosis_id="d", cluster_id="c1", harness_version="h", spec={"operator": op}, files={},
+            status=status, data={"reason": "rejected by the Critic (hard check failed): novel"}, created_at=1.0))
+    decide(svc.store, "by-person", "reject", who="reviewer", reason="I want a prompt-side fix")
+    told = Evolver(svc)._outcomes_of({"proposal_ids": ["by-critic", "by-person"]}, [])
+    assert [(h["operator"], h["outcome"], h["why"]) for h in told] == [
+        ("option_scoring", "not_endorsed", "rejected by the Critic (hard check failed): novel"),
+        ("answer_extraction", "rejected", "I want a prompt-side fix")]
+    later = CaseFile(cluster=None, files={}, harness_version="h", batch=BatchContext({}, {}),  # type: ignore[arg-type]
+                     history=[dict(h, iteration=1, other_batch=True) for h in told])
+    assert later.ruled_out == {"answer_extraction": "rejected in iteration 1"}
+
+
 def test_a_change_that_was_not_kept_is_not_proposed_again(world) -> None:
     """A rejected repair returns in the next iteration neither as new nor at all: the roles see
     what became of it and the Proposer moves to another operator."""

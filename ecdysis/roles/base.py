@@ -111,6 +111,10 @@ class Draft:
     checks: list[CheckResult] = field(default_factory=list)
 
 
+# Outcomes that judge a change on one batch only: on the next batch it may be proposed again.
+BATCH_VERDICTS = ("screened_out", "not_validated", "not_endorsed")
+
+
 @dataclass
 class CaseFile:
     """Everything the roles of one cluster see: the cluster, the harness it failed under, the batch,
@@ -129,7 +133,8 @@ class CaseFile:
     concerns: list[dict[str, str]] = field(default_factory=list)
     tried_operators: list[str] = field(default_factory=list)  # operators already objected to here
     # What earlier iterations of the evolution tried and what became of it: dicts with operator,
-    # change, outcome (kept | rejected | screened_out | rolled_back | not_validated | not_applied) and why.
+    # change, outcome (kept | rejected | not_endorsed | screened_out | rolled_back | not_validated |
+    # not_applied) and why. `rejected` is a person's decision; `not_endorsed` is the Critic's.
     history: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -137,16 +142,18 @@ class CaseFile:
         """Operators tried before without being kept, with what happened: one a person rejected,
         always; one the gate rolled back, while the harness is still the version it was tried on
         (on a changed harness it may complete a kept change); one that screening found no better,
-        or whose validation the budget left could not pay for,
-        on that harness and in the same batch only (see `screened_elsewhere`)."""
+        whose validation the budget left could not pay for, or that the Critic did not endorse,
+        on that harness and in the same batch only (see `screened_elsewhere`). The Critic's "no"
+        is not a person's: a repair set aside for budget and then re-drafted is refused by the
+        novelty check, and that refusal must not outlive the batch."""
         out: dict[str, str] = {}
         for h in self.history:
             outcome = h.get("outcome")
             same = h.get("harness_version") in (None, self.harness_version)
-            if outcome in ("screened_out", "not_validated") and h.get("other_batch"):
+            if outcome in BATCH_VERDICTS and h.get("other_batch"):
                 continue
             if h.get("operator") and (outcome == "rejected"
-                                      or (outcome in ("screened_out", "rolled_back", "not_validated") and same)):
+                                      or (outcome in (*BATCH_VERDICTS, "rolled_back") and same)):
                 out[str(h["operator"])] = f"{str(outcome).replace('_', ' ')} in iteration {h.get('iteration', '?')}"
         return out
 

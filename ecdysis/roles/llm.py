@@ -98,8 +98,8 @@ def _history_text(case: CaseFile) -> str:
     if not case.history:
         return "Earlier iterations: none."
     lines = ["Earlier iterations tried these changes (do not propose a rejected or rolled-back one again "
-             "unless you say what is different; one screened out on an earlier batch may be screened "
-             "again on this one):"]
+             "unless you say what is different; one screened out, not validated or not endorsed on an "
+             "earlier batch may be tried again on this one):"]
     lines += [f"- iteration {h.get('iteration', '?')}: {h.get('operator') or 'hand-written edit'} — "
               f"{h.get('change', '')} → {h.get('outcome')}: {h.get('why', '')}" for h in case.history[-8:]]
     return "\n".join(lines)
