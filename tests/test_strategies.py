@@ -243,12 +243,16 @@ def test_self_evolution_makes_one_edit_per_failing_instance_and_gates_them_toget
     evolver = Evolver(svc)
     evo = evolver.run(evolver.create(config(suite, strategy="self-evolution", auto_approve=True)).id)
     row = evo.iterations[0]
-    assert len(row["diagnosis_ids"]) == 5  # the first 5 failing instances, one diagnosis each
+    batch_runs = svc.store.get_diagnosis(row["diagnosis_ids"][0]).run_ids
+    failing = sorted({r.instance_id for rid in batch_runs for r in svc.store.get_results(rid) if not r.correct})
+    assert len(failing) > 5  # more than the cap of 5 this baseline had until round 5
+    assert len(row["diagnosis_ids"]) == len(failing)  # every failing instance, one diagnosis each
     for did in row["diagnosis_ids"]:
         report = svc.get_diagnosis(did).report
         assert len({i for c in report["clusters"] for i in c["instances"]}) == 1
     assert len(row["steps"]) <= 1 and row["screened"] == 0
-    assert len(evo.result["tried_instances"]) == 5
+    assert sorted(evo.result["tried_instances"]) == sorted(failing)
+    assert SelfEvolution(max_edits=5).scopes(failing, []) == [[i] for i in failing[:5]]
 
 
 def test_curated_batches_put_earlier_failures_first() -> None:
