@@ -84,6 +84,30 @@ def test_heuristic_roles_give_schema_valid_outputs(case: CaseFile) -> None:
     assert outputs["critic"]["decision"] == "accept"
 
 
+def test_a_repair_the_critic_refused_on_another_batch_comes_after_every_untried_one(case: CaseFile) -> None:
+    """The Critic's refusal holds on its own batch only, yet re-proposed first it took every round
+    of later iterations (reasoning-mix, round 6: voting refused on three batches running, the
+    next-ranked repairs never drafted). It now comes after the untried ones, and back when none is
+    left."""
+    from ecdysis.roles.heuristic import propose
+    from ecdysis.roles.ranking import Ranking
+    first, second = Ranking.for_cluster(case.cluster).names[:2]
+    refused = {"operator": first, "outcome": "not_endorsed", "harness_version": case.harness_version,
+               "iteration": 1, "other_batch": True}
+    assert propose(case)["operator"] == first
+    later = dataclasses.replace(case, history=[refused])
+    out = propose(later)
+    assert out["operator"] == second, out
+    on_this_batch = dataclasses.replace(case, history=[dict(refused, other_batch=False)])
+    assert propose(on_this_batch)["operator"] == second  # ruled out here, as before
+    rest = Ranking.for_cluster(case.cluster).names[1:]
+    tried_all = dataclasses.replace(later, tried_operators=rest)
+    again = propose(tried_all)
+    assert again["operator"] == first, again
+    assert any("after every untried repair: not endorsed by the Critic on another batch in iteration 1" in r
+               for r in again["replies"]), again["replies"]
+
+
 @pytest.mark.parametrize("task, reply, expected", [
     (NUMBER, "To solve this, we add 5 and 3 to get 8.", "8"),
     (NUMBER, "Sure! Here is my answer: 8\nI hope it helps.", "8"),

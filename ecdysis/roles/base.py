@@ -158,6 +158,18 @@ class CaseFile:
         return out
 
     @property
+    def refused_elsewhere(self) -> dict[str, str]:
+        """Operators the Critic did not endorse on an earlier iteration's batch of this harness.
+        Its refusal holds on that batch only, but it is evidence: such an operator is proposed
+        again only after every untried one (re-proposed first, it took every round the Proposer
+        had, and the next-ranked operator never got its turn)."""
+        return {str(h["operator"]): f"not endorsed by the Critic on another batch in iteration "
+                                    f"{h.get('iteration', '?')}"
+                for h in self.history
+                if h.get("operator") and h.get("outcome") == "not_endorsed" and h.get("other_batch")
+                and h.get("harness_version") in (None, self.harness_version)}
+
+    @property
     def screened_elsewhere(self) -> dict[str, str]:
         """Operators screening turned down on an earlier iteration's batch of this same harness. A
         batch of 12 instances is weak evidence (on a BIG-bench mixture a repair screened out at 1

@@ -173,11 +173,14 @@ def attribute(case: CaseFile) -> dict[str, Any]:
 
 def propose(case: CaseFile) -> dict[str, Any]:
     """The best-ranked catalogue operator for this cluster not yet objected to, nor tried in an
-    earlier iteration without being kept."""
+    earlier iteration without being kept; one the Critic refused on another batch comes after
+    every untried one."""
     skipped: list[str] = []
     root = str((case.investigation or {}).get("root_cause", ""))
     inp = RepairInput(case.files, case.cluster, case.exemplars, root)
-    for name in Ranking.for_cluster(case.cluster).names:
+    ranked = Ranking.for_cluster(case.cluster).names
+    refused = case.refused_elsewhere
+    for name in [n for n in ranked if n not in refused] + [n for n in ranked if n in refused]:
         if name in case.tried_operators:
             skipped.append(f"{name}: objected to in an earlier round")
             continue
@@ -192,6 +195,8 @@ def propose(case: CaseFile) -> dict[str, Any]:
         changed = {p: t for p, t in result.files.items() if case.files.get(p) != t}
         replies = [f"Objection “{o}” answered by proposing {name} instead." for o in case.objections]
         replies += [f"Not proposed again: {why}." for why in skipped if any(why.startswith(f"{op}:") for op in case.ruled_out)]
+        if name in refused:
+            replies.append(f"Proposed again, after every untried repair: {refused[name]}.")
         if name in case.screened_elsewhere:
             replies.append(f"Proposed again, not as new: {case.screened_elsewhere[name]}; "
                            "this batch's screening decides.")
