@@ -176,8 +176,9 @@ def markdown(result: dict[str, Any]) -> str:
     for suite, per in result["suites"].items():
         for roles, block in per.items():
             old = block.get("carried_over")
-            when = (f"; carried over from the run of {old['measured']}, load {old['machine']['load_before']}"
-                    f"→{old['machine']['load_after']}" if old else "")
+            tag = (old or {}).get("config", {}).get("tag")
+            when = (f"; carried over from the run of {old['measured']}" + (f", tag {tag}" if tag else "")
+                    + f", load {old['machine']['load_before']}→{old['machine']['load_after']}" if old else "")
             lines += ["", f"**{suite}**, roles `{roles}`, seeds {', '.join(map(str, block['seeds']))} (starter "
                           f"harness: validation {block['base_val_accuracy']}{when}):", "",
                       "| strategy | test accuracy (95 % CI) | final validation | calls | model s | kept changes |",
@@ -214,16 +215,19 @@ def merge(top: dict[str, Any], suite: str, roles: str, block: dict[str, Any]) ->
     top["strategies"], top["comparison"] = head["strategies"], head["comparison"]
 
 
-def carried_over(path: Path, rerun: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """The suites of an earlier results file that this run does not measure again, each block
-    stamped with when and on what it was measured (a block carried over twice keeps its stamp)."""
+def carried_over(path: Path, rerun: Sequence[str], roles_measured: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The blocks (suite, roles) of an earlier results file that this run does not measure again:
+    other suites, or other roles of a suite it does measure (rerun the heuristic rows, keep the
+    LLM-roles rows). Each is stamped with when and on what it was measured (a block carried over
+    twice keeps its stamp)."""
     earlier = json.loads(path.read_text())
     stamp = {"measured": earlier.get("measured"), "machine": earlier.get("machine"),
              "config": {k: earlier.get("config", {}).get(k) for k in
-                        ("model", "iterations", "batch_size", "val_limit", "test_limit", "budget")}}
-    return {suite: {roles: {**block, "carried_over": block.get("carried_over") or stamp}
-                    for roles, block in per.items()}
-            for suite, per in earlier.get("suites", {}).items() if suite not in rerun}
+                        ("model", "iterations", "batch_size", "val_limit", "test_limit", "budget", "tag")}}
+    kept = {suite: {roles: {**block, "carried_over": block.get("carried_over") or stamp}
+                    for roles, block in per.items() if suite not in rerun or roles not in roles_measured}
+            for suite, per in earlier.get("suites", {}).items()}
+    return {suite: per for suite, per in kept.items() if per}
 
 
 def rerender(path: Path) -> str:
@@ -256,8 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--home", default=None, help="data folder (kept: a rerun continues where it stopped)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--keep-from", default=None, metavar="JSON",
-                        help="an earlier results file whose other suites are carried over, each with the "
-                             "date and machine it was measured on (rerun one suite, keep the rest)")
+                        help="an earlier results file whose blocks this run does not measure (other suites, "
+                             "or other roles of the same suite) are carried over, each with the date and "
+                             "machine it was measured on (rerun one suite, or the heuristic rows, keep the rest)")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.iterations, args.batch_size, args.val_limit, args.test_limit = 2, 1, 6, 6, 6
@@ -274,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     svc = Service(open_store(settings.database_url), settings)
     cpu0, load0, started = cpu_counters(), load_average(), time.perf_counter()
     result: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in ("home", "out", "keep_from")}}
-    kept = carried_over(Path(args.keep_from), args.suite) if args.keep_from else {}
+    measured = ["heuristic"] * bool(args.seeds) + [args.llm_roles] * bool(args.llm_roles and args.llm_roles_seeds)
+    kept = carried_over(Path(args.keep_from), args.suite, measured) if args.keep_from else {}
     for suite in args.suite:
         start = base_val(svc, args, suite)
         first = args.first_seed

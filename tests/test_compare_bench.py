@@ -47,6 +47,9 @@ def test_quick_benchmark_writes_the_documented_figures(tmp_path: Path, monkeypat
     # headline, and the carried block says when and under what load it was measured.
     earlier = json.loads(before)
     earlier["suites"] = {"other-suite": earlier["suites"]["arithmetic"], **earlier["suites"]}
+    # ... and a block of LLM roles of the suite rerun here, which this (heuristic) run does not measure
+    earlier["suites"]["arithmetic"] = {**earlier["suites"]["arithmetic"],
+                                       "some-role-model": earlier["suites"]["arithmetic"]["heuristic"]}
     earlier["measured"], earlier["machine"]["load_before"] = "2026-01-02 03:04 UTC, 5 s in all", 9.5
     (tmp_path / "earlier.json").write_text(json.dumps(earlier))
     assert compare_strategies.main(["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}",
@@ -58,6 +61,7 @@ def test_quick_benchmark_writes_the_documented_figures(tmp_path: Path, monkeypat
     carried = merged["suites"]["other-suite"]["heuristic"]
     assert carried["carried_over"]["measured"] == "2026-01-02 03:04 UTC, 5 s in all"
     assert "carried_over" not in merged["suites"]["arithmetic"]["heuristic"]
+    assert merged["suites"]["arithmetic"]["some-role-model"]["carried_over"]["measured"] == earlier["measured"]
     assert "carried over from the run of 2026-01-02 03:04 UTC, 5 s in all, load 9.5" in \
         (out / "compare_strategies.md").read_text()
     # New seeds (new train windows) under a tag: new evolutions, labelled so, the old ones untouched.
