@@ -290,7 +290,10 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
         if cluster.verdict != "harness-level" and refiner.respect_verdicts:
             outcomes[cluster.id] = {"proposal_id": None, "no_patch_reason": NO_PATCH[cluster.verdict]}
             continue
-        if max_proposals is not None and len(proposals) >= max_proposals:
+        # Only proposals the Critic endorsed count against the limit: a refused one repairs
+        # nothing, and with a limit of 1 (a per-instance scope) it used to leave the instance's
+        # other cluster unrefined, iteration after iteration.
+        if max_proposals is not None and sum(p.status == "endorsed" for p in proposals) >= max_proposals:
             why = f"not refined: the limit of {max_proposals} proposals was reached"
             outcomes[cluster.id] = {"proposal_id": None, "no_patch_reason": why}
             continue
