@@ -450,16 +450,21 @@ def test_an_objection_that_names_no_failed_check_is_recorded_as_disputed_not_a_v
     assert any("recorded as disputed" in t for t in said), said
 
 
-def test_an_objection_backed_by_a_measured_regression_still_vetoes() -> None:
-    """The same Critic on a draft that breaks passing train instances (measured on the smoke
-    model, paired against the current harness): the objection stands, with the regression named."""
+def _naysaid(**kw):
+    """The naysaying Critic on the planted batch, whose first draft (answer "0" to everything)
+    breaks passing train instances of the smoke model: a diagnosis report."""
     store = MemoryStore()
     run_ids, suite, _ = plant(store)
     rules = [Rule(text=answer_form(i), match=i.input) for i in suite.instances]
     smoke_model = ScriptedBackend(rules, model_id="bare", default=f"{H_PREFIX} 34")
-    report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=smoke_model,
-                      role_backend=_NaysayingCritic(first_draft=True), passes=1, max_rounds=1)
-    proposal = report.proposals[0]
+    return diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=smoke_model,
+                    role_backend=_NaysayingCritic(first_draft=True), passes=1, max_rounds=1, **kw)
+
+
+def test_an_objection_backed_by_a_measured_regression_still_vetoes() -> None:
+    """The same Critic on a draft that breaks passing train instances (measured on the smoke
+    model, paired against the current harness): the objection stands, with the regression named."""
+    proposal = _naysaid().proposals[0]
     assert proposal.status == "rejected" and all(c.ok for c in proposal.checks)
     assert any(o.startswith("regression: the patched harness gets passing train instance") for o in proposal.objections)
     assert _NaysayingCritic.OPINION in proposal.reason
@@ -470,16 +475,8 @@ def test_a_proposal_the_critic_refused_does_not_use_up_a_scopes_limit() -> None:
     draft (a measured regression), the next cluster of the same failures is still refined: the
     refused proposal repairs nothing, and counting it left the instance's other cluster
     unrefined iteration after iteration (the per-instance search with LLM roles, seed 13)."""
-    store = MemoryStore()
-    run_ids, suite, _ = plant(store)
-    rules = [Rule(text=answer_form(i), match=i.input) for i in suite.instances]
-    smoke_model = ScriptedBackend(rules, model_id="bare", default=f"{H_PREFIX} 34")
-    first = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=smoke_model,
-                     role_backend=_NaysayingCritic(first_draft=True), passes=1, max_rounds=1)
-    two = sorted({i for c in first.clusters[:2] for i in c.instances})
-    report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=smoke_model,
-                      role_backend=_NaysayingCritic(first_draft=True), passes=1, max_rounds=1,
-                      max_proposals=1, only_instances=two)
+    two = sorted({i for c in _naysaid().clusters[:2] for i in c.instances})
+    report = _naysaid(max_proposals=1, only_instances=two)
     refused, endorsed = report.proposals
     assert refused.status == "rejected" and refused.cluster_id == report.clusters[0].id
     assert endorsed.status == "endorsed" and endorsed.cluster_id == report.clusters[1].id
