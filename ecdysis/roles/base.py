@@ -143,7 +143,7 @@ class CaseFile:
         always; one the gate rolled back, while the harness is still the version it was tried on
         (on a changed harness it may complete a kept change); one that screening found no better,
         whose validation the budget left could not pay for, or that the Critic did not endorse,
-        on that harness and in the same batch only (see `screened_elsewhere`). The Critic's "no"
+        on that harness and in the same batch only (see `screened_elsewhere`, `refused_elsewhere`). The Critic's "no"
         is not a person's: a repair set aside for budget and then re-drafted is refused by the
         novelty check, and that refusal must not outlive the batch."""
         out: dict[str, str] = {}
@@ -157,6 +157,11 @@ class CaseFile:
                 out[str(h["operator"])] = f"{str(outcome).replace('_', ' ')} in iteration {h.get('iteration', '?')}"
         return out
 
+    def _elsewhere(self, outcome: str) -> list[dict[str, Any]]:
+        """History entries with this outcome on an earlier iteration's batch of this same harness."""
+        return [h for h in self.history if h.get("operator") and h.get("outcome") == outcome
+                and h.get("other_batch") and h.get("harness_version") in (None, self.harness_version)]
+
     @property
     def refused_elsewhere(self) -> dict[str, str]:
         """Operators the Critic did not endorse on an earlier iteration's batch of this harness.
@@ -164,10 +169,7 @@ class CaseFile:
         again only after every untried one (re-proposed first, it took every round the Proposer
         had, and the next-ranked operator never got its turn)."""
         return {str(h["operator"]): f"not endorsed by the Critic on another batch in iteration "
-                                    f"{h.get('iteration', '?')}"
-                for h in self.history
-                if h.get("operator") and h.get("outcome") == "not_endorsed" and h.get("other_batch")
-                and h.get("harness_version") in (None, self.harness_version)}
+                                    f"{h.get('iteration', '?')}" for h in self._elsewhere("not_endorsed")}
 
     @property
     def screened_elsewhere(self) -> dict[str, str]:
@@ -176,10 +178,7 @@ class CaseFile:
         won, 2 lost gained 27 to 16 on validation), so such a change may be proposed again, marked
         as tried, and screened on the new batch."""
         return {str(h["operator"]): f"screened out on another batch in iteration {h.get('iteration', '?')} "
-                                    f"({str(h.get('why', ''))[:160]})"
-                for h in self.history
-                if h.get("operator") and h.get("outcome") == "screened_out" and h.get("other_batch")
-                and h.get("harness_version") in (None, self.harness_version)}
+                                    f"({str(h.get('why', ''))[:160]})" for h in self._elsewhere("screened_out")}
 
 
 @dataclass
