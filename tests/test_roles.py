@@ -19,7 +19,7 @@ from ecdysis.records import Completion, CompletionRequest
 from ecdysis.roles import HeuristicRoleBackend, make_role_backend
 from ecdysis.roles.agent_operators import AGENT_OPERATORS
 from ecdysis.roles.base import ROLES, CaseFile, Exemplar, schema_errors
-from ecdysis.roles.llm import LLMRoleBackend, extract_json
+from ecdysis.roles.llm import LLMRoleBackend, extract_json, generation_schema
 from ecdysis.roles.drafting import materialize
 from ecdysis.roles.operators import OPERATORS
 from ecdysis.roles.repairs import RepairInput, set_param
@@ -293,6 +293,37 @@ def test_llm_proposer_edits_must_apply(case: CaseFile) -> None:
     assert "occurs 0 times" in turn.messages[2].text
     draft = materialize(turn.output, case)
     assert "careful assistant" in draft.files["system.md"]
+
+
+def test_the_llm_proposer_is_not_offered_an_operator_the_novelty_check_would_refuse(case: CaseFile) -> None:
+    """A repair rolled back on this harness, or already in it, used to stay in the Proposer's
+    enum: a small model drafted it again on instance after instance, and each draft cost a Critic's
+    turn and a revision round before the novelty check refused it. Now the grammar leaves it out,
+    the prompt says why, and a backend that ignores the grammar gets one repair request."""
+    from ecdysis.roles.drafting import closed_operators
+    from ecdysis.roles.ranking import Ranking
+    first, second = Ranking.for_cluster(case.cluster).names[:2]
+    history = [{"operator": first, "outcome": "rolled_back", "harness_version": case.harness_version,
+                "iteration": 1, "why": "net gain +0"}]
+    later = dataclasses.replace(case, history=history)
+    assert first not in closed_operators(case)
+    assert closed_operators(later)[first] == "rolled back in iteration 1 on this harness"
+    spec = {"target_files": ["harness.py"], "change": "c", "root_cause": "r", "expected_effect": "e",
+            "risk": "k", "scope": "s"}
+    model = ScriptedBackend(queue=[json.dumps({"operator": first, "spec": spec, "replies": []}),
+                                   json.dumps({"operator": second, "spec": spec, "replies": []})])
+    turn = LLMRoleBackend(model).run("proposer", later, 1)
+    assert turn.output["operator"] == second
+    asked = model.history[0]
+    enum = asked.schema()["properties"]["operator"]["enum"]
+    assert first not in enum and second in enum and "" in enum
+    prompt = asked.messages[-1][1]
+    closed = prompt.split("Not available here (do not name them): ", 1)[1].split("\n", 1)[0]
+    assert f"{first} (rolled back in iteration 1 on this harness)" in closed
+    assert f"operator {first} is not available" in turn.messages[2].text  # the repair request
+    present = dataclasses.replace(case, files=materialize({"operator": second, "spec": spec}, case).files)
+    assert closed_operators(present)[second] == "already present in the harness"
+    assert {first, second, ""} <= set(generation_schema("proposer", case)["properties"]["operator"]["enum"])
 
 
 def test_make_role_backend_resolves_names() -> None:

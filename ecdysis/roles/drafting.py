@@ -31,6 +31,23 @@ def _apply_edits(files: dict[str, str], edits: Sequence[Mapping[str, str]]) -> d
     return out
 
 
+def closed_operators(case: CaseFile) -> dict[str, str]:
+    """Catalogue operators a draft of this case may not name, each with the reason: already in
+    the harness, ruled out on it by an earlier iteration (`CaseFile.ruled_out`), or unable to apply
+    to the cluster. The novelty check refuses the first two and `materialize` the third, so an LLM
+    Proposer is never offered them: each such draft cost a Critic's turn and a revision round."""
+    inp = RepairInput(case.files, case.cluster, case.exemplars, str((case.investigation or {}).get("root_cause", "")))
+    out: dict[str, str] = {}
+    for name, op in OPERATORS.items():
+        if op.present(case.files):
+            out[name] = "already present in the harness"
+        elif name in case.ruled_out:
+            out[name] = f"{case.ruled_out[name]} on this harness"
+        elif (why := op.unavailable(inp)):
+            out[name] = f"cannot apply: {why}"
+    return out
+
+
 def materialize(output: Mapping[str, Any], case: CaseFile) -> Draft:
     """Turn a schema-valid Proposer output into a `Draft`: explicit `files` win, then `edits`, then
     the named catalogue `operator` (whose own spec fills any field the output leaves out)."""

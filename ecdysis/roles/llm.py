@@ -23,7 +23,7 @@ from ecdysis.models.gateway import ModelGateway
 from ecdysis.records import CompletionRequest
 from ecdysis.roles.base import SCHEMAS, CaseFile, RoleMessage, RoleName, RoleTurn, render_output, schema_errors
 from ecdysis.roles.heuristic import HeuristicRoleBackend
-from ecdysis.roles.drafting import ProposalError, materialize
+from ecdysis.roles.drafting import ProposalError, closed_operators, materialize
 from ecdysis.roles.operators import OPERATORS
 from ecdysis.store import Store
 
@@ -68,18 +68,21 @@ def _bounded(schema: Any) -> Any:
     return out
 
 
-def generation_schema(role: RoleName) -> dict[str, Any]:
+def generation_schema(role: RoleName, case: CaseFile | None = None) -> dict[str, Any]:
     """The shape a backend is asked to produce for `role`: the role's schema made fit for
     constrained decoding (no bare `anyOf` of `required` lists, which grammar converters reject;
-    the Proposer's operator is an enum of the catalogue, "" for hand-written edits; strings and
-    lists bounded). Replies are still validated against the full `SCHEMAS[role]`."""
+    the Proposer's operator is an enum of the catalogue less the operators closed to `case`
+    (`closed_operators`), "" for hand-written edits; strings and lists bounded). Replies are
+    still validated against the full `SCHEMAS[role]`."""
     if role != "proposer":
         return _bounded(SCHEMAS[role])
+    closed = closed_operators(case) if case is not None else {}
     spec = {key: value for key, value in SCHEMAS["proposer"]["properties"]["spec"].items()}
     spec["properties"] = {k: v for k, v in spec["properties"].items() if k != "exemplars"}
     edit = SCHEMAS["proposer"]["properties"]["edits"]["items"]
     return _bounded({"type": "object", "required": ["operator", "spec", "replies"],
-                     "properties": {"operator": {"enum": [*OPERATORS, ""]}, "spec": spec,
+                     "properties": {"operator": {"enum": [*(n for n in OPERATORS if n not in closed), ""]},
+                                    "spec": spec,
                                     "replies": {"type": "array", "items": {"type": "string", "minLength": 1}},
                                     "edits": {"type": "array", "items": edit}}})
 
@@ -103,6 +106,15 @@ def _history_text(case: CaseFile) -> str:
     lines += [f"- iteration {h.get('iteration', '?')}: {h.get('operator') or 'hand-written edit'} — "
               f"{h.get('change', '')} → {h.get('outcome')}: {h.get('why', '')}" for h in case.history[-8:]]
     return "\n".join(lines)
+
+
+def _catalogue_text(case: CaseFile) -> str:
+    closed = closed_operators(case)
+    text = "Catalogue operators you may name instead of writing edits: " + "; ".join(
+        f"{n} ({op.title})" for n, op in OPERATORS.items() if n not in closed)
+    if closed:
+        text += "\nNot available here (do not name them): " + "; ".join(f"{n} ({why})" for n, why in closed.items())
+    return text
 
 
 IN_FORCE = ("solve", "build_messages", "extract_answer")  # the harness functions that decide an answer
@@ -162,8 +174,7 @@ class RolePrompt:
                                 f"{_files_text(case.files, file_chars)}"),
             "investigation": lambda: f"Investigator said: {json.dumps(case.investigation, ensure_ascii=False)}",
             "attribution": lambda: f"Attributor said: {json.dumps(case.attribution, ensure_ascii=False)}",
-            "catalogue": lambda: "Catalogue operators you may name instead of writing edits: "
-                                 + "; ".join(f"{n} ({op.title})" for n, op in OPERATORS.items()),
+            "catalogue": lambda: _catalogue_text(case),
             "objections": lambda: ("Critic objections to answer this round:\n" + "\n".join(
                 f"- {o}" for o in case.objections)) if case.objections else "No objections yet.",
             "draft": lambda: self._draft_text(case),
@@ -198,6 +209,11 @@ class RolePrompt:
         if errors:
             return None, errors
         if self.role == "proposer" and not value.get("give_up"):
+            name = value.get("operator")
+            closed = closed_operators(case)
+            if name and name in closed:  # a backend that ignores the schema's enum may still name one
+                return None, [f"operator {name} is not available: {closed[name]}; name another operator, or "
+                              f"none and give edits"]
             try:
                 materialize(value, case)
             except (ProposalError, ValueError, KeyError) as exc:
@@ -241,7 +257,7 @@ class LLMRoleBackend:
         errors: list[str] = []
         for attempt in range(2):
             try:
-                schema = generation_schema(role) if self.structured else None
+                schema = generation_schema(role, case) if self.structured else None
                 reply = self.gateway.complete(CompletionRequest.make(messages, max_tokens=self._budget(role, case),
                                                                      json_schema=schema))
             except ModelError as exc:
