@@ -244,6 +244,10 @@ class Evolver:
             cur.setdefault("spent_at_start", self._spent())
             version = self.svc.harness(evo.current_version)
             instances = self._train_window(evo, cfg, cur["iteration"])
+            if "train_runs" not in cur and (short := self._iteration_unaffordable(evo, cfg, budget, version,
+                                                                                  instances)):
+                # Its batch, roles and screening would be spent on a change no validation could judge.
+                raise BudgetExceeded(f"iteration {cur['iteration']} not started: {short}")
             runs = self._ensure_runs(cur, "train_runs", version, instances, cfg, budget, split="train", owner=evo.id)
             cur["train_accuracy"] = self._accuracy(runs)
             failing = self._failing(runs)
@@ -771,6 +775,26 @@ class Evolver:
         return (f"{what} would need about {need + screen:.0f} model calls ({len(val)} validation instances x "
                 f"{len(cfg.models)} model(s), {cand_rate:.2f} calls each for the candidate) and {left} are left "
                 f"of the budget")
+
+    def _iteration_unaffordable(self, evo: EvolutionRecord, cfg: EvolveConfig, budget: CallBudget,
+                                version: HarnessVersion, batch: list[Instance]) -> str | None:
+        """Why the budget left cannot pay for an iteration that could change anything, or None: its
+        train batch, then the validation of a candidate (the parent's validation unless this
+        evolution paid for it already, and a new version's at the parent's calls per instance).
+        Roles and screening come on top, so this is the least such an iteration costs."""
+        if budget.max_calls is None:
+            return None
+        measured = self._measured_rate(version.id)
+        rate = 1.0 if measured is None else measured
+        val = [i.id for i in self._val_instances(evo, cfg, "validation", cfg.val_limit)]
+        train = self._runs_cost(version, [i.id for i in batch], rate, cfg, budget)
+        validation = self._runs_cost(version, val, rate, cfg, budget) + len(val) * len(cfg.models) * rate
+        left = budget.max_calls - budget.calls
+        if train + validation <= left:
+            return None
+        return (f"its batch ({train:.0f}) and the validation of one change ({validation:.0f}: {len(val)} "
+                f"instances x {len(cfg.models)} model(s) at {rate:.2f} calls each) would need about "
+                f"{train + validation:.0f} model calls, and {left} are left of the budget")
 
     def _measured_rate(self, version_id: str) -> float | None:
         """Calls per instance of this version in the finished runs stored for it (an earlier

@@ -306,6 +306,28 @@ def test_a_stopped_evolution_can_be_sealed_where_it_stands(world) -> None:
         evolver.seal(evo.id)
 
 
+def test_an_iteration_the_budget_cannot_validate_is_not_started(world) -> None:
+    """With too little budget left for a batch and one validation, a later iteration used to run
+    its batch, roles and screening anyway and stop in the middle, having bought nothing (with LLM
+    roles on the BIG-bench mixture: three iterations and about 36 minutes of role calls after the
+    one change the budget could validate). Now it is not started, nothing more is spent, and a
+    resume with more budget runs it."""
+    svc, suite, _ = world
+    first = Evolver(svc, reviewer=plant_bad(svc))
+    one = first.run(first.create(config(suite, label="one iteration", charge_cached=True)).id)
+    spent = one.result["spent"]["calls"]
+    # Iteration 2 needs its batch (12 calls) and a candidate's validation (12; the parent's is paid).
+    evolver = Evolver(svc, reviewer=plant_bad(svc))
+    evo = evolver.run(evolver.create(config(suite, iterations=3, max_model_calls=spent + 20, charge_cached=True)).id)
+    assert evo.status == "stopped", evo.result
+    assert evo.result["stopped"].startswith("iteration 2 not started: its batch (12) and the validation of one "
+                                            "change (12: 12 instances x 1 model(s) at 1.00 calls each) would need "
+                                            "about 24 model calls, and 20 are left"), evo.result["stopped"]
+    assert evo.result["spent"]["calls"] == spent and len(evo.iterations) == 1
+    roomy = Evolver(svc, reviewer=plant_bad(svc)).run(evo.id, overrides={"max_model_calls": spent + 24})
+    assert len(roomy.iterations) >= 2 and roomy.iterations[1]["model_calls"] > 0
+
+
 def test_the_same_edit_made_for_several_instances_is_applied_once(world) -> None:
     """Self-evolution repairs failing instances one by one, often with the same edit; composing
     them applies it once (applying an insertion twice would duplicate its lines)."""
