@@ -124,11 +124,27 @@ def watch(svc: Service, evo: EvolutionRecord) -> None:
     _, error = worker_state(svc, evo)
     if error and evo.status in LIVE:
         st.error(f"The evolution's background job failed: {ui.md(error)}", icon=":material/error:")
-    if (evo.status in ("stopped", "failed") or error) and st.button("Resume this evolution", key=f"resume:{evo.id}",
-                                                         icon=":material/resume:"):
+    if not (evo.status in ("stopped", "failed") or error):
+        return
+    budget = _resume_budget(evo)
+    if st.button("Resume this evolution", key=f"resume:{evo.id}", icon=":material/resume:"):
         with shown_errors():
-            svc.resume_evolution_job(evo.id)
+            svc.resume_evolution_job(evo.id, max_model_calls=budget)
             st.rerun()
+
+
+def _resume_budget(evo: EvolutionRecord) -> int | None:
+    """The model-call budget a resume runs with, for an evolution that has one: one stopped by its
+    budget stops again at once unless it is raised. None keeps the budget as it is."""
+    now = evo.config.get("max_model_calls")
+    if not now:
+        return None
+    spent = int(evo.result.get("spent", {}).get("calls", 0))
+    value = st.number_input("Model-call budget for the resume", min_value=1, value=int(now), step=100,
+                            key=f"resume-budget:{evo.id}",
+                            help=f"{spent} of {int(now)} calls spent: a resume within the same budget stops again at "
+                                 f"once; the budget counts every call, roles included")
+    return int(value) if int(value) != int(now) else None
 
 
 def _latest(evos: list[EvolutionRecord], strategy: str) -> str | None:

@@ -244,11 +244,16 @@ class AfterRuns:
             raise InputError("an evolution needs a configuration or an evolution to resume")
         return evolver.run(evolver.create(config).id)
 
-    def resume_evolution_job(self, evolution_id: str) -> str:
+    def resume_evolution_job(self, evolution_id: str, *, max_model_calls: int | None = None) -> str:
+        """Resume in a background job; `max_model_calls` raises (or sets) the model-call budget, as
+        `ecdysis evolve --resume ID --max-model-calls N` does: an evolution stopped by its budget
+        otherwise stops again at once."""
         self.refuse_if_running_elsewhere(evolution_key(evolution_id))
-        return self._evolution_job(evolution_id)
+        if max_model_calls is not None and max_model_calls < 1:
+            raise InputError(f"a model-call budget must be at least 1, not {max_model_calls}")
+        return self._evolution_job(evolution_id, {"max_model_calls": max_model_calls} if max_model_calls else None)
 
-    def _evolution_job(self, evolution_id: str) -> str:
+    def _evolution_job(self, evolution_id: str, overrides: dict[str, Any] | None = None) -> str:
         load_workflows()
         from ecdysis.evolve import Evolver, summary
 
@@ -258,9 +263,11 @@ class AfterRuns:
                     ctx.progress(e["iteration"], 0, f"iteration {e['iteration']} done", force=True)
                 elif e["type"] in ("run_started", "instance_done"):
                     ctx.progress(e.get("done", 0), e.get("total", 0), f"batch {e.get('run_id')}")
-            evo = Evolver(self, events=events, cancelled=ctx.cancelled, poll_s=1.0).run(evolution_id)  # type: ignore[arg-type]
+            evo = Evolver(self, events=events, cancelled=ctx.cancelled,  # type: ignore[arg-type]
+                          poll_s=1.0).run(evolution_id, overrides=overrides)
             return summary(evo)
-        return self.jobs.submit("evolve", {"evolution_id": evolution_id}, work)
+        return self.jobs.submit("evolve", {"evolution_id": evolution_id, **({"overrides": overrides} if overrides else {})},
+                                work)
 
     # ---- leases: who executes what right now, in any process
     def running_elsewhere(self) -> dict[str, str]:

@@ -643,6 +643,27 @@ def test_human_gated_evolution_points_to_review(svc: Service) -> None:
     assert at.button(key=f"resume:{evo.id}")
 
 
+def test_an_evolution_stopped_by_its_budget_resumes_from_the_page_with_a_larger_one(ecdysis_home: Path,
+                                                                                    svc: Service) -> None:
+    """The page's Resume used to keep the budget, so an evolution its budget stopped stopped again
+    at once; the CLI's `--resume --max-model-calls N` had no counterpart here."""
+    register_models()
+    evo = svc.run_evolution(EvolveConfig(suite="reasoning-mix", models=["alpha"], iterations=1, batch_size=4,
+                                         val_limit=4, test_limit=4, auto_approve=True, max_model_calls=3))
+    assert evo.status == "stopped" and "iteration 1 not started" in evo.result["stopped"]
+    at = open_page("5_evolution")
+    assert "iteration 1 not started" in texts(at)
+    budget = by_label(at.number_input, "Model-call budget for the resume")
+    assert budget.value == 3
+    budget.set_value(500).run()
+    at.button(key=f"resume:{evo.id}").click().run(timeout=60)
+    assert_clean(at)
+    wait_jobs(svc, timeout=240)
+    done = svc.get_evolution(evo.id)
+    assert done.status == "done" and len(done.iterations) == 1, done.result.get("stopped")
+    assert done.config["max_model_calls"] == 500 and done.result["spent"]["calls"] > 3
+
+
 def test_evolution_whose_job_died_says_so_and_offers_resume(svc: Service) -> None:
     from ecdysis.store import JobRecord
     evo = _evolution("ecdysis", [5.0], [10], 0.5)
