@@ -326,7 +326,11 @@ def evolve(
     out.print(f"evolution {result['evolution_id']}: {result['status']}; final {result['final_version']}; "
               f"test accuracy {result['test_accuracy']} (base {result['base_test_accuracy']})")
     if result.get("stopped"):
-        out.print(f"[yellow]{result['stopped']}[/yellow] — `ecdysis evolve --resume {result['evolution_id']}`")
+        again = f"ecdysis evolve --resume {result['evolution_id']}"
+        if "budget" in result["stopped"]:  # the same budget would stop it again at once
+            again += (" --max-tokens N" if "token budget" in result["stopped"] else
+                      " --max-wall SECONDS" if "wall-time budget" in result["stopped"] else " --max-model-calls N")
+        out.print(f"[yellow]{escape(result['stopped'])}[/yellow] — `{escape(again)}`")
 
 
 @app.command()

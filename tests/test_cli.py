@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,24 @@ def test_errors_are_one_clear_line(args: list[str], needle: str) -> None:
     assert needle in proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 3
+
+
+def test_an_evolution_its_budget_stops_says_how_to_resume_and_does(tmp_path: Path) -> None:
+    """The stop line names the flag that lifts the budget: the same budget stops it again at once."""
+    script = tmp_path / "model.json"
+    script.write_text(json.dumps({"default": "Sure! Here is my answer: 42"}))
+    model = f"scripted:{script}"
+    proc = ecdysis("evolve", "--suite", "reasoning-mix", "--model", model, "--iterations", "1", "--batch-size", "4",
+                   "--val-limit", "4", "--test-limit", "4", "--auto-approve", "--max-model-calls", "3")
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stdout.split())
+    found = re.search(r"iteration 1 not started: .* would need about 12 model calls, and 3 are left of the budget; "
+                      r"resume with more budget to continue — `ecdysis evolve --resume (e\w+) --max-model-calls N`", said)
+    assert found, said
+    proc = ecdysis("evolve", "--resume", found.group(1), "--max-model-calls", "200", "--json")
+    assert proc.returncode == 0, proc.stderr
+    done = json.loads(proc.stdout)
+    assert done["status"] == "done" and not done.get("stopped") and done["test_accuracy"] is not None
 
 
 @pytest.mark.slow
