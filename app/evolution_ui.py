@@ -139,7 +139,7 @@ def _resume_budget(evo: EvolutionRecord) -> int | None:
     now = evo.config.get("max_model_calls")
     if not now:
         return None
-    spent = int(evo.result.get("spent", {}).get("calls", 0))
+    spent = evo.outcome.spent.calls
     value = st.number_input("Model-call budget for the resume", min_value=1, value=int(now), step=100,
                             key=f"resume-budget:{evo.id}",
                             help=f"{spent} of {int(now)} calls spent: a resume within the same budget stops again at "
