@@ -136,15 +136,15 @@ def watch(svc: Service, evo: EvolutionRecord) -> None:
 def _resume_budget(evo: EvolutionRecord) -> int | None:
     """The model-call budget a resume runs with, for an evolution that has one: one stopped by its
     budget stops again at once unless it is raised. None keeps the budget as it is."""
-    now = evo.config.get("max_model_calls")
+    now = int(evo.config.get("max_model_calls") or 0)
     if not now:
         return None
     spent = evo.outcome.spent.calls
-    value = st.number_input("Model-call budget for the resume", min_value=1, value=int(now), step=100,
-                            key=f"resume-budget:{evo.id}",
-                            help=f"{spent} of {int(now)} calls spent: a resume within the same budget stops again at "
-                                 f"once; the budget counts every call, roles included")
-    return int(value) if int(value) != int(now) else None
+    value = int(st.number_input("Model-call budget for the resume", min_value=1, value=now, step=100,
+                                key=f"resume-budget:{evo.id}",
+                                help=f"{spent} of {now} calls spent: a resume within the same budget stops again "
+                                     f"at once; the budget counts every call, roles included"))
+    return value if value != now else None
 
 
 def _latest(evos: list[EvolutionRecord], strategy: str) -> str | None:

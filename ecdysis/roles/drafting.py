@@ -31,12 +31,18 @@ def _apply_edits(files: dict[str, str], edits: Sequence[Mapping[str, str]]) -> d
     return out
 
 
+def repair_input(case: CaseFile) -> RepairInput:
+    """What a catalogue operator sees of this case: its harness, cluster, exemplars and the
+    Investigator's root cause."""
+    return RepairInput(case.files, case.cluster, case.exemplars, str((case.investigation or {}).get("root_cause", "")))
+
+
 def closed_operators(case: CaseFile) -> dict[str, str]:
     """Catalogue operators a draft of this case may not name, each with the reason: already in
     the harness, ruled out on it by an earlier iteration (`CaseFile.ruled_out`), or unable to apply
     to the cluster. The novelty check refuses the first two and `materialize` the third, so an LLM
     Proposer is never offered them: each such draft cost a Critic's turn and a revision round."""
-    inp = RepairInput(case.files, case.cluster, case.exemplars, str((case.investigation or {}).get("root_cause", "")))
+    inp = repair_input(case)
     out: dict[str, str] = {}
     for name, op in OPERATORS.items():
         if op.present(case.files):
@@ -65,8 +71,7 @@ def materialize(output: Mapping[str, Any], case: CaseFile) -> Draft:
         op = OPERATORS.get(str(name))
         if op is None:
             raise ProposalError(f"unknown operator {name!r}; the catalogue has {', '.join(OPERATORS)}")
-        inp = RepairInput(case.files, case.cluster, case.exemplars,
-                          str((case.investigation or {}).get("root_cause", "")))
+        inp = repair_input(case)
         reason = op.unavailable(inp)
         if reason:
             raise ProposalError(f"operator {name} cannot apply: {reason}")

@@ -15,9 +15,10 @@ from typing import Any, Callable
 from ecdysis.aggregate import Cluster
 from ecdysis.failures import AGENT_TYPES, MULTI_TURN_TYPES
 from ecdysis.roles.base import CaseFile, RoleMessage, RoleName, RoleTurn, render_output, schema_errors
+from ecdysis.roles.drafting import repair_input
 from ecdysis.roles.operators import OPERATORS
 from ecdysis.roles.ranking import Ranking
-from ecdysis.roles.repairs import RepairInput, params_of
+from ecdysis.roles.repairs import params_of
 
 BACKEND = "heuristic"
 
@@ -176,8 +177,7 @@ def propose(case: CaseFile) -> dict[str, Any]:
     earlier iteration without being kept; one the Critic refused on another batch comes after
     every untried one."""
     skipped: list[str] = []
-    root = str((case.investigation or {}).get("root_cause", ""))
-    inp = RepairInput(case.files, case.cluster, case.exemplars, root)
+    inp = repair_input(case)
     ranked = Ranking.for_cluster(case.cluster).names
     refused = case.refused_elsewhere
     for name in [n for n in ranked if n not in refused] + [n for n in ranked if n in refused]:

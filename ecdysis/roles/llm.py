@@ -255,9 +255,9 @@ class LLMRoleBackend:
         messages = prompt.messages(case, self.file_chars)
         log = [self._msg(round, role, "prompt", messages[-1]["content"])]
         errors: list[str] = []
+        schema = generation_schema(role, case) if self.structured else None
         for attempt in range(2):
             try:
-                schema = generation_schema(role, case) if self.structured else None
                 reply = self.gateway.complete(CompletionRequest.make(messages, max_tokens=self._budget(role, case),
                                                                      json_schema=schema))
             except ModelError as exc:
