@@ -68,8 +68,10 @@ def _body(svc: Service, evo: EvolutionRecord) -> None:
             st.dataframe(changes, hide_index=True, width="stretch", key=f"changes:{evo.id}",
                          column_config={"predicted": st.column_config.TextColumn("predicted", width="large"),
                                         "why": st.column_config.TextColumn("why", width="large")})
-    else:
+    elif evo.status in LIVE:
         st.caption("The first iteration is running: train batch, then diagnosis, gate and validation.")
+    else:
+        st.caption(f"No iteration has finished yet (status {evo.status}).")
 
 
 def _base_accuracy(gates: list[views.GateRow]) -> float | None:
@@ -136,6 +138,10 @@ def watch(svc: Service, evo: EvolutionRecord) -> None:
 def _resume_budget(evo: EvolutionRecord) -> int | None:
     """The model-call budget a resume runs with, for an evolution that has one: one stopped by its
     budget stops again at once unless it is raised. None keeps the budget as it is."""
+    other = {"tokens": "`--max-tokens N`", "wall": "`--max-wall SECONDS`"}.get(evo.outcome.stopped_by or "")
+    if evo.status == "stopped" and other:
+        st.caption(f"This evolution was stopped by a budget the page does not set: resume it from the CLI with "
+                   f"`ecdysis evolve --resume {ui.md(evo.id)}` and {other}.")
     now = int(evo.config.get("max_model_calls") or 0)
     if not now:
         return None

@@ -31,13 +31,21 @@ class CallBudget:
         self._lock = threading.Lock()
 
     def check(self) -> None:
+        if (limit := self.spent_limit()) is not None:
+            raise BudgetExceeded({"calls": f"model-call budget of {self.max_calls} spent",
+                                  "tokens": f"token budget of {self.max_tokens} spent",
+                                  "wall": "wall-time budget spent"}[limit], limit=limit)
+
+    def spent_limit(self) -> str | None:
+        """Which limit is used up ("calls", "tokens", "wall"), or None while there is room."""
         with self._lock:
             if self.max_calls is not None and self.calls >= self.max_calls:
-                raise BudgetExceeded(f"model-call budget of {self.max_calls} spent")
+                return "calls"
             if self.max_tokens is not None and self.tokens >= self.max_tokens:
-                raise BudgetExceeded(f"token budget of {self.max_tokens} spent")
+                return "tokens"
             if self.deadline is not None and time.time() >= self.deadline:
-                raise BudgetExceeded("wall-time budget spent")
+                return "wall"
+            return None
 
     def charge(self, calls: int, tokens: int, seconds: float = 0.0) -> None:
         with self._lock:
@@ -70,8 +78,4 @@ class CallBudget:
 
     @property
     def exhausted(self) -> bool:
-        try:
-            self.check()
-        except BudgetExceeded:
-            return True
-        return False
+        return self.spent_limit() is not None

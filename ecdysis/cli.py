@@ -327,9 +327,9 @@ def evolve(
               f"test accuracy {result['test_accuracy']} (base {result['base_test_accuracy']})")
     if result.get("stopped"):
         again = f"ecdysis evolve --resume {result['evolution_id']}"
-        if "budget" in result["stopped"]:  # the same budget would stop it again at once
-            again += (" --max-tokens N" if "token budget" in result["stopped"] else
-                      " --max-wall SECONDS" if "wall-time budget" in result["stopped"] else " --max-model-calls N")
+        if result.get("stopped_by"):  # the same budget would stop it again at once
+            again += {"tokens": " --max-tokens N", "wall": " --max-wall SECONDS"}.get(result["stopped_by"],
+                                                                                  " --max-model-calls N")
         out.print(f"[yellow]{escape(result['stopped'])}[/yellow] — `{escape(again)}`")
 
 

@@ -54,7 +54,16 @@ class ExecutorError(EcdysisError):
 
 
 class BudgetExceeded(EcdysisError):
-    """A call, token or wall-time budget ran out; the work stopped cleanly and can resume."""
+    """A call, token or wall-time budget ran out; the work stopped cleanly and can resume.
+    `limit` names which one ("calls", "tokens" or "wall"), so a face can say what to raise."""
+
+    LIMITS = ("calls", "tokens", "wall")
+
+    def __init__(self, message: str, *, limit: str = "calls", hint: str | None = None) -> None:
+        if limit not in self.LIMITS:
+            raise ValueError(f"unknown budget limit {limit!r}")
+        super().__init__(message, hint)
+        self.limit = limit
 
 
 class Cancelled(EcdysisError):

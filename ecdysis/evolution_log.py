@@ -235,6 +235,7 @@ class EvolutionOutcome:
     spent: Spend = Spend()
     test_spent: Spend = Spend()      # the sealed test's calls, never charged to training
     stopped: str | None = None       # why the last attempt stopped, while it is stopped
+    stopped_by: str | None = None    # the budget limit that stopped it: "calls", "tokens" or "wall"
     diagnoses: tuple[str, ...] = ()
     cursor: Cursor = Cursor()
 
@@ -245,7 +246,7 @@ class EvolutionOutcome:
                    base_test_accuracy=d.get("base_test_accuracy"), test_instances=d.get("test_instances"),
                    test_runs=tuple(d.get("test_runs") or ()), test_base_runs=tuple(d.get("test_base_runs") or ()),
                    spent=Spend.parse(d.get("spent")), test_spent=Spend.parse(d.get("test_spent")),
-                   stopped=d.get("stopped"), diagnoses=tuple(d.get("diagnoses") or ()),
+                   stopped=d.get("stopped"), stopped_by=d.get("stopped_by"), diagnoses=tuple(d.get("diagnoses") or ()),
                    cursor=Cursor.parse(d.get("cursor")))
 
 

@@ -37,6 +37,7 @@ from ecdysis.strategies import Strategy, strategy
 from ecdysis.store import DiagnosisRecord, EvolutionRecord, HarnessVersion, ProposalRecord
 
 STRATEGIES = tuple(STRATEGY_CLASSES)
+_LIMIT_NAMES = {"calls": "model-call", "tokens": "token", "wall": "wall-time"}
 # Which phases' calls an iteration row counts under which name.
 PHASE_GROUP = {"train": "train", "diagnose": "diagnose", "screen": "screen", "rescreen": "screen",
                "validate": "validate"}
@@ -175,7 +176,8 @@ class Evolver:
         # Every save writes what was spent so far, so a killed process does not reset the budget.
         self._spent_before, self._budget = spent, budget
         evo.status = "running"
-        evo.result.pop("stopped", None)  # why an earlier attempt stopped is history once this one runs
+        for key in ("stopped", "stopped_by"):  # why an earlier attempt stopped is history once this one runs
+            evo.result.pop(key, None)
         self._save(evo)
         try:
             while evo.result["cursor"]["phase"] != "finished":
@@ -186,6 +188,7 @@ class Evolver:
         except BudgetExceeded as exc:
             evo.status = "stopped"
             evo.result["stopped"] = f"{exc.message}; resume with more budget to continue"
+            evo.result["stopped_by"] = exc.limit
         except Cancelled:
             evo.status = "stopped"
             evo.result["stopped"] = "cancelled; resume to continue"
@@ -396,7 +399,8 @@ class Evolver:
                 if self.store.get_run(run_id).status != "done":  # type: ignore[union-attr]
                     if self.cancelled():
                         raise Cancelled("stopped by request")
-                    raise BudgetExceeded("a budget ran out during a batch")
+                    limit = budget.spent_limit() or "calls"
+                    raise BudgetExceeded(f"the {_LIMIT_NAMES[limit]} budget ran out during a batch", limit=limit)
         return list(ids.values())
 
     def _paid_runs(self) -> list[str]:
@@ -1056,4 +1060,5 @@ def summary(evo: EvolutionRecord) -> dict[str, Any]:
             "base_test_accuracy": evo.result.get("base_test_accuracy"),
             "spent": evo.result.get("spent"), "test_spent": evo.result.get("test_spent"),
             "stopped": evo.result.get("stopped"),
+            "stopped_by": evo.result.get("stopped_by"),
             "train_wall_seconds": round(sum(r.get("wall_seconds", 0) for r in evo.iterations), 2)}

@@ -664,6 +664,20 @@ def test_an_evolution_stopped_by_its_budget_resumes_from_the_page_with_a_larger_
     assert done.config["max_model_calls"] == 500 and done.result["spent"]["calls"] > 3
 
 
+def test_an_evolution_a_token_budget_stopped_says_the_page_cannot_lift_it(ecdysis_home: Path, svc: Service) -> None:
+    """The page sets only a call budget: for a CLI evolution its token budget stopped, raising calls
+    would stop it again at once, so the page says which CLI flag lifts the limit that stopped it."""
+    register_models()
+    evo = svc.run_evolution(EvolveConfig(suite="reasoning-mix", models=["alpha"], iterations=1, batch_size=4,
+                                         val_limit=4, test_limit=4, auto_approve=True, max_tokens=5))
+    assert evo.status == "stopped" and evo.outcome.stopped_by == "tokens", evo.result.get("stopped")
+    at = open_page("5_evolution")
+    assert_clean(at)
+    said = " ".join(texts(at).split())
+    assert "The first iteration is running" not in said and "No iteration has finished yet (status stopped)" in said
+    assert f"resume it from the CLI with `ecdysis evolve --resume {evo.id}` and `--max-tokens N`" in said, said
+
+
 def test_evolution_whose_job_died_says_so_and_offers_resume(svc: Service) -> None:
     from ecdysis.store import JobRecord
     evo = _evolution("ecdysis", [5.0], [10], 0.5)

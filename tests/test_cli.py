@@ -86,6 +86,27 @@ def test_an_evolution_its_budget_stops_says_how_to_resume_and_does(tmp_path: Pat
     assert done["status"] == "done" and not done.get("stopped") and done["test_accuracy"] is not None
 
 
+def test_an_evolution_its_token_budget_stops_in_a_batch_names_the_token_flag(tmp_path: Path) -> None:
+    """The flag comes from which limit ran out, not from the wording of the stop message: a token
+    budget spent in the middle of the train batch suggests --max-tokens, and raising it finishes."""
+    script = tmp_path / "model.json"
+    script.write_text(json.dumps({"default": "Sure! Here is my answer: 42"}))
+    model = f"scripted:{script}"
+    proc = ecdysis("evolve", "--suite", "reasoning-mix", "--model", model, "--iterations", "1", "--batch-size", "4",
+                   "--val-limit", "4", "--test-limit", "4", "--auto-approve", "--max-tokens", "30")
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stdout.split())
+    found = re.search(r"the token budget ran out during a batch; resume with more budget to continue — "
+                      r"`ecdysis evolve --resume (e\w+) --max-tokens N`", said)
+    assert found, said
+    shown = json.loads(ecdysis("evolutions", "--json").stdout)
+    assert [e["status"] for e in shown if e["evolution_id"] == found.group(1)] == ["stopped"]
+    proc = ecdysis("evolve", "--resume", found.group(1), "--max-tokens", "1000000", "--json")
+    assert proc.returncode == 0, proc.stderr
+    done = json.loads(proc.stdout)
+    assert done["status"] == "done" and done["stopped"] is None and done["stopped_by"] is None
+
+
 @pytest.mark.slow
 def test_run_json_on_smollm2_then_cached_rerun() -> None:
     first = ecdysis("run", "--suite", "reasoning-mix", "--model", "smollm2", "--limit", "5", "--json")

@@ -180,3 +180,24 @@ def test_a_reused_block_of_calls_is_charged_only_as_far_as_the_budget_reaches() 
     unlimited = CallBudget()
     unlimited.charge_block(500, 5, 0.5)
     assert (unlimited.calls, unlimited.tokens, unlimited.seconds) == (500, 5, 0.5)
+
+
+def test_a_spent_budget_says_which_limit_ran_out() -> None:
+    """The limit that stopped a job travels with the error (what a face suggests raising depends on
+    it), and the first limit reached is the one named, whatever the message says."""
+    from ecdysis.errors import BudgetExceeded
+    calls = CallBudget(max_calls=2, max_tokens=10)
+    calls.charge(2, 5)
+    tokens = CallBudget(max_calls=10, max_tokens=10)
+    tokens.charge(1, 10)
+    wall = CallBudget(max_calls=10, deadline=0.0)
+    room = CallBudget(max_calls=10, max_tokens=10, deadline=float("inf"))
+    for budget, limit in ((calls, "calls"), (tokens, "tokens"), (wall, "wall")):
+        assert budget.spent_limit() == limit and budget.exhausted
+        with pytest.raises(BudgetExceeded) as stopped:
+            budget.check()
+        assert stopped.value.limit == limit
+    assert room.spent_limit() is None and not room.exhausted
+    room.check()
+    with pytest.raises(ValueError, match="unknown budget limit"):
+        BudgetExceeded("spent", limit="dollars")
