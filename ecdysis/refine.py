@@ -12,6 +12,7 @@ import dataclasses
 import re
 import tomllib
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
@@ -31,6 +32,9 @@ ProposalStatus = Literal["endorsed", "rejected"]  # the Critic's word on a propo
 ENGINE = "engine"
 # Answers so common that finding one in code says nothing about a particular instance.
 GENERIC_ANSWERS = {"true", "false", "yes", "no", "none", ""}
+# A target at least this many instances share is a class label ("different", "valid",
+# "plausible"): the task's vocabulary, which names no instance, so a patch may use the word.
+LABEL_SHARE = 3
 _TOKEN = re.compile(r"[a-z0-9]+")
 _STRING_LITERAL = re.compile(r"(?P<q>['\"])(?P<body>(?:\\.|(?!(?P=q)).)*)(?P=q)")
 
@@ -131,6 +135,7 @@ class DataIndex:
     specific: dict[tuple[str, ...], str]
     ids: re.Pattern[str] | None
     shingle: int
+    labels: frozenset[str] = frozenset()  # targets (lowercased) shared by LABEL_SHARE instances or more
 
     @staticmethod
     def build(instances: Mapping[str, Instance], exemplars: Sequence[Exemplar], shingle: int = 6) -> "DataIndex":
@@ -141,13 +146,18 @@ class DataIndex:
         specific = {s: next(iter(keys)) for s, keys in owners.items() if len(keys) == 1}
         ids = sorted({i.id for i in instances.values() if len(i.id) >= 4}, key=len, reverse=True)
         pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, ids)) + r")(?![\w-])") if ids else None
-        return DataIndex(dict(instances), {e.key: e for e in exemplars}, specific, pattern, shingle)
+        shared = Counter(i.target.strip().lower() for i in instances.values())
+        labels = frozenset(t for t, n in shared.items() if n >= LABEL_SHARE)
+        return DataIndex(dict(instances), {e.key: e for e in exemplars}, specific, pattern, shingle, labels)
 
 
-def _distinctive(target: str) -> bool:
-    """A target specific enough that finding it in a patch means the answer was copied in."""
+def _distinctive(target: str, labels: frozenset[str] = frozenset()) -> bool:
+    """A target specific enough that finding it in a patch means the answer was copied in: not a
+    generic answer, not one character, and not a class label many instances share (an English
+    word such as "different" in a patch's comment is no instance's answer leaking)."""
     text = target.strip().lower()
-    return text not in GENERIC_ANSWERS and len(text) >= 2 and not re.fullmatch(r"[a-z]", text)
+    return (text not in GENERIC_ANSWERS and text not in labels and len(text) >= 2
+            and not re.fullmatch(r"[a-z]", text))
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,8 @@ class LeakageCheck:
       instance is a declared exemplar of the spec and a sanctioned one (a train instance that
       passed in every run of the batch and failed in none);
     - a target answer: in harness code, a string literal equal to a distinctive target (not
-      True/False/yes/no or a single character) of any non-exemplar instance; in any file, a
+      True/False/yes/no, a single character or a class label `LABEL_SHARE` instances or more share)
+      of any non-exemplar instance; in any file, a
       multi-word or long distinctive target; and any target, however short, on the same line as
       text specific to that instance anywhere in the patch (`if <question> in input: return <answer>`);
     - a declared exemplar that is not sanctioned (failing, or not a passing train instance): leak.
@@ -223,7 +234,7 @@ class LeakageCheck:
         lowered = f" {line.lower()} "
         for key, inst in index.instances.items():
             target = inst.target.strip().lower()
-            if key in allowed or not _distinctive(target):
+            if key in allowed or not _distinctive(target, index.labels):
                 continue
             if target in literals:
                 out.append(f"hard-codes the target answer {inst.target!r} of instance {inst.id}")

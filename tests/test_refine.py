@@ -151,6 +151,47 @@ def test_leakage_rules_allow_sanctioned_exemplars_only() -> None:
     assert check.check(patch("LIMIT = 34"), no_exemplars, index).ok
 
 
+def test_a_class_label_many_instances_share_is_no_leak_but_an_instance_answer_still_is() -> None:
+    """Found on BIG-bench's movie_dialog_same_or_different (a task nobody here wrote): its answers
+    are "same" and "different", and option scoring's helper code says "several different options"
+    in a comment, so the long-target rule refused option scoring there as leaking an answer. A word
+    hundreds of instances answer is the task's vocabulary; an answer one instance owns is not."""
+    from ecdysis.records import Instance
+    questions = ["Did the two lines come from one speaker in the diner scene with the red umbrella?",
+                 "Was the harbour pilot who shouts at dawn the same voice as the quiet lighthouse keeper?",
+                 "Do the whispered vows and the angry retort at the wedding belong to one character?",
+                 "Are the chess coach's praise and the final insult at the tournament spoken by one person?"]
+    instances = {f"m/dialog-{n:03d}": Instance(f"dialog-{n:03d}", q, "different" if n % 2 else "same",
+                                               category="dialog", choices=("same", "different"))
+                 for n, q in enumerate(questions)}
+    instances["m/sorting-000"] = Instance("sorting-000", "Sort: quartz falcon", "differentiated quartz",
+                                          category="sorting")
+    index = DataIndex.build(instances, [])
+    assert "different" not in index.labels  # two instances answer it: not yet a label
+    instances.update({f"m/dialog-{n:03d}": Instance(f"dialog-{n:03d}", f"Scene {n}: who speaks the toast?",
+                                                    "different", category="dialog", choices=("same", "different"))
+                      for n in range(4, 7)})
+    index = DataIndex.build(instances, [])
+    assert "different" in index.labels and "differentiated quartz" not in index.labels
+    check = LeakageCheck()
+    files = starter_files()
+    scored = OPERATORS["option_scoring"].apply(RepairInput(files, empty_cluster())).files
+    assert any("different" in line for line in "\n".join(scored.values()).lower().splitlines())
+    assert check.check(diff_files(files, scored), ModificationSpec(("harness.py",), "c", "r", "e", "k", "s"),
+                       index).ok
+
+    def patch(line: str, path: str = "system.md") -> list:
+        return diff_files(files, dict(files, **{path: files.get(path, "") + line + "\n"}))
+
+    spec = ModificationSpec(("system.md",), "c", "r", "e", "k", "s")
+    assert check.check(patch("Say whether the two lines are the same or different."), spec, index).ok
+    assert "contains the target answer 'differentiated quartz'" in check.check(
+        patch("Remember: differentiated quartz"), spec, index).detail
+    # A label next to text only one instance has is still a hard-coded answer.
+    assert "hard-codes the answer 'different' of instance dialog-001" in check.check(
+        patch("If the harbour pilot who shouts at dawn is asked, say different."), spec, index).detail
+
+
 def test_an_operator_already_present_draws_an_objection_answered_next_round() -> None:
     store = MemoryStore()
     files = OPERATORS["answer_extraction"].apply(RepairInput(starter_files(), empty_cluster())).files
