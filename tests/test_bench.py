@@ -127,3 +127,26 @@ def test_the_bfcl_evolution_benchmark_reports_each_iteration_and_the_paired_test
     assert result["test"]["delta"]["n"] == 4 and result["train_calls"] > 0
     assert all(t["outcome"] for r in result["iterations"] for t in r["tried"])
     assert "Sealed test (4 paired outcomes)" in (tmp_path / "bfcl_evolution.md").read_text()
+
+
+def test_a_drawn_mixture_follows_its_rule_and_the_same_seed_draws_it_again() -> None:
+    """`bench/draw_tasks.py` picks the tasks a generality check runs on: none of the nine earlier
+    choices looked at, stratified by answer form, each within the cost rule, and the same seed gives
+    the same tasks in every process (string seeds hash the same everywhere)."""
+    from draw_tasks import MAX_CHARS, MAX_CHOICES, USED, draw
+
+    from ecdysis.suites import bigbench_catalogue
+    rows = {r["name"].removeprefix("bigbench:"): r for r in bigbench_catalogue(build=False)}
+    if "date_understanding" not in rows:
+        pytest.skip("the BIG-bench catalogue is not built: run scripts/setup.sh")
+    picked, looked = draw("ecdysis-round7", 2, 2)
+    assert len(picked) == 4 and not set(picked) & USED
+    assert [rows[t]["scorer"] for t in picked] == ["multiple_choice"] * 2 + ["exact"] * 2
+    figures = {f["task"]: f for f in looked}
+    for task in picked:
+        assert figures[task]["passes"] and figures[task]["median_chars"] <= MAX_CHARS
+        assert figures[task]["max_choices"] <= (MAX_CHOICES if rows[task]["scorer"] == "multiple_choice" else 0)
+    assert all(not f["passes"] for f in looked if f["task"] not in picked)  # looked at, refused by the rule
+    again = subprocess.run([sys.executable, "bench/draw_tasks.py"], cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == "bigbench:" + "+".join(picked)

@@ -1,0 +1,99 @@
+"""Draw a BIG-bench mixture at random, from tasks no earlier choice on this project has looked at.
+
+Every BIG-bench figure in the README so far sits on nine tasks: the option-scoring margin was chosen
+on five and checked on the other four, and those four are the strategy benchmark's mixture. A claim
+about the strategies that should hold on data we did not write needs tasks nobody here picked, so
+this script picks them by a rule fixed before any of them is run:
+
+- not one of the nine (`USED`), not a mixture scorer, one category (no subtasks), at least
+  `MIN_SIZE` examples (the mixture is cut to its smallest task, and validation 60 plus test 100
+  must fit with room);
+- for cost on two CPU cores only, nothing about accuracy: the median input at most `MAX_CHARS`
+  characters and, for multiple choice, at most `MAX_CHOICES` options (option scoring asks once per
+  option);
+- stratified by answer form, `--choice` multiple-choice tasks and `--exact` generative ones, each
+  taken in the order a seeded shuffle of the eligible names gives, the first that pass the cost rule.
+
+    python bench/draw_tasks.py            # prints the suite name, e.g. bigbench:a+b+c+d
+    python bench/draw_tasks.py --json     # with the rule's figures for every task it looked at
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ecdysis.suites import bigbench_catalogue, load_suite  # noqa: E402
+
+USED = frozenset({"causal_judgment", "disambiguation_qa", "logical_deduction", "sports_understanding",
+                  "temporal_sequences", "date_understanding", "formal_fallacies_syllogisms_negation",
+                  "navigate", "strategyqa"})
+MIN_SIZE = 300
+MAX_CHARS = 1200
+MAX_CHOICES = 6
+
+
+def eligible(rows: list[dict]) -> dict[str, list[str]]:
+    """Task names by scorer ("multiple_choice", "exact") that pass the catalogue part of the rule."""
+    out: dict[str, list[str]] = {"multiple_choice": [], "exact": []}
+    for row in rows:
+        task = row["name"].removeprefix("bigbench:")
+        if task in USED or row["scorer"] not in out or len(row["categories"]) != 1 or row["size"] < MIN_SIZE:
+            continue
+        out[row["scorer"]].append(task)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def cost_figures(task: str) -> dict:
+    """The median input length and the largest number of options, read from the task's instances."""
+    suite = load_suite("bigbench:" + task)
+    lengths = [len(i.input) for i in suite.instances]
+    choices = [len(i.choices or ()) for i in suite.instances]
+    return {"task": task, "median_chars": int(statistics.median(lengths)), "max_choices": max(choices, default=0)}
+
+
+def draw(seed: str, n_choice: int, n_exact: int) -> tuple[list[str], list[dict]]:
+    pools = eligible(bigbench_catalogue(build=False))
+    picked: list[str] = []
+    looked: list[dict] = []
+    for scorer, wanted in (("multiple_choice", n_choice), ("exact", n_exact)):
+        order = list(pools[scorer])
+        random.Random(f"{seed}:{scorer}").shuffle(order)
+        taken = 0
+        for task in order:
+            if taken == wanted:
+                break
+            fig = cost_figures(task)
+            fig["passes"] = fig["median_chars"] <= MAX_CHARS and (scorer == "exact" or fig["max_choices"] <= MAX_CHOICES)
+            fig["scorer"] = scorer
+            looked.append(fig)
+            if fig["passes"]:
+                picked.append(task)
+                taken += 1
+    return picked, looked
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", default="ecdysis-round7")
+    parser.add_argument("--choice", type=int, default=2)
+    parser.add_argument("--exact", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    picked, looked = draw(args.seed, args.choice, args.exact)
+    name = "bigbench:" + "+".join(picked)
+    if args.json:
+        print(json.dumps({"seed": args.seed, "suite": name, "looked_at": looked}, indent=2))
+    else:
+        print(name)
+
+
+if __name__ == "__main__":
+    main()
