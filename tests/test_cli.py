@@ -68,19 +68,28 @@ def test_errors_are_one_clear_line(args: list[str], needle: str) -> None:
     assert len(proc.stderr.strip().splitlines()) <= 3
 
 
-def test_an_evolution_its_budget_stops_says_how_to_resume_and_does(tmp_path: Path) -> None:
-    """The stop line names the flag that lifts the budget: the same budget stops it again at once."""
+def stopped_by_budget(tmp_path: Path, flag: str, value: str, stop: str) -> tuple[str, str]:
+    """A scripted evolution that `flag value` stops: its id, and the stop line it printed, which must
+    match `stop` and end with the resume command."""
     script = tmp_path / "model.json"
     script.write_text(json.dumps({"default": "Sure! Here is my answer: 42"}))
-    model = f"scripted:{script}"
-    proc = ecdysis("evolve", "--suite", "reasoning-mix", "--model", model, "--iterations", "1", "--batch-size", "4",
-                   "--val-limit", "4", "--test-limit", "4", "--auto-approve", "--max-model-calls", "3")
+    proc = ecdysis("evolve", "--suite", "reasoning-mix", "--model", f"scripted:{script}", "--iterations", "1",
+                   "--batch-size", "4", "--val-limit", "4", "--test-limit", "4", "--auto-approve", flag, value)
     assert proc.returncode == 0, proc.stderr
     said = " ".join(proc.stdout.split())
-    found = re.search(r"iteration 1 not started: .* would need about 12 model calls, and 3 are left of the budget; "
-                      r"resume with more budget to continue — `ecdysis evolve --resume (e\w+) --max-model-calls N`", said)
+    found = re.search(stop + r"; resume with more budget to continue — `ecdysis evolve --resume (e\w+) (--[\w-]+ \w+)`",
+                      said)
     assert found, said
-    proc = ecdysis("evolve", "--resume", found.group(1), "--max-model-calls", "200", "--json")
+    return found.group(1), found.group(2)
+
+
+def test_an_evolution_its_budget_stops_says_how_to_resume_and_does(tmp_path: Path) -> None:
+    """The stop line names the flag that lifts the budget: the same budget stops it again at once."""
+    evo_id, hint = stopped_by_budget(tmp_path, "--max-model-calls", "3",
+                                     r"iteration 1 not started: .* would need about 12 model calls, and 3 are left "
+                                     r"of the budget")
+    assert hint == "--max-model-calls N"
+    proc = ecdysis("evolve", "--resume", evo_id, "--max-model-calls", "200", "--json")
     assert proc.returncode == 0, proc.stderr
     done = json.loads(proc.stdout)
     assert done["status"] == "done" and not done.get("stopped") and done["test_accuracy"] is not None
@@ -89,19 +98,11 @@ def test_an_evolution_its_budget_stops_says_how_to_resume_and_does(tmp_path: Pat
 def test_an_evolution_its_token_budget_stops_in_a_batch_names_the_token_flag(tmp_path: Path) -> None:
     """The flag comes from which limit ran out, not from the wording of the stop message: a token
     budget spent in the middle of the train batch suggests --max-tokens, and raising it finishes."""
-    script = tmp_path / "model.json"
-    script.write_text(json.dumps({"default": "Sure! Here is my answer: 42"}))
-    model = f"scripted:{script}"
-    proc = ecdysis("evolve", "--suite", "reasoning-mix", "--model", model, "--iterations", "1", "--batch-size", "4",
-                   "--val-limit", "4", "--test-limit", "4", "--auto-approve", "--max-tokens", "30")
-    assert proc.returncode == 0, proc.stderr
-    said = " ".join(proc.stdout.split())
-    found = re.search(r"the token budget ran out during a batch; resume with more budget to continue — "
-                      r"`ecdysis evolve --resume (e\w+) --max-tokens N`", said)
-    assert found, said
+    evo_id, hint = stopped_by_budget(tmp_path, "--max-tokens", "30", "the token budget ran out during a batch")
+    assert hint == "--max-tokens N"
     shown = json.loads(ecdysis("evolutions", "--json").stdout)
-    assert [e["status"] for e in shown if e["evolution_id"] == found.group(1)] == ["stopped"]
-    proc = ecdysis("evolve", "--resume", found.group(1), "--max-tokens", "1000000", "--json")
+    assert [e["status"] for e in shown if e["evolution_id"] == evo_id] == ["stopped"]
+    proc = ecdysis("evolve", "--resume", evo_id, "--max-tokens", "1000000", "--json")
     assert proc.returncode == 0, proc.stderr
     done = json.loads(proc.stdout)
     assert done["status"] == "done" and done["stopped"] is None and done["stopped_by"] is None
