@@ -8,6 +8,7 @@ import streamlit as st
 from app import charts, views
 from app import components as ui
 from app.guard import shown_errors
+from ecdysis.errors import BudgetExceeded
 from ecdysis.service import Service
 from ecdysis.store import EvolutionRecord
 
@@ -138,10 +139,10 @@ def watch(svc: Service, evo: EvolutionRecord) -> None:
 def _resume_budget(evo: EvolutionRecord) -> int | None:
     """The model-call budget a resume runs with, for an evolution that has one: one stopped by its
     budget stops again at once unless it is raised. None keeps the budget as it is."""
-    other = {"tokens": "`--max-tokens N`", "wall": "`--max-wall SECONDS`"}.get(evo.outcome.stopped_by or "")
-    if evo.status == "stopped" and other:
+    limit = evo.outcome.stopped_by
+    if evo.status == "stopped" and limit in ("tokens", "wall"):  # the page sets only a call budget
         st.caption(f"This evolution was stopped by a budget the page does not set: resume it from the CLI with "
-                   f"`ecdysis evolve --resume {ui.md(evo.id)}` and {other}.")
+                   f"`ecdysis evolve --resume {ui.md(evo.id)}` and `{BudgetExceeded.FLAGS[limit]}`.")
     now = int(evo.config.get("max_model_calls") or 0)
     if not now:
         return None

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ecdysis.errors import EcdysisError
+from ecdysis.errors import BudgetExceeded, EcdysisError
 from ecdysis.service import RunRequest, Service
 from ecdysis.settings import Settings, redact_credentials
 
@@ -328,8 +328,7 @@ def evolve(
     if result.get("stopped"):
         again = f"ecdysis evolve --resume {result['evolution_id']}"
         if result.get("stopped_by"):  # the same budget would stop it again at once
-            again += {"tokens": " --max-tokens N", "wall": " --max-wall SECONDS"}.get(result["stopped_by"],
-                                                                                  " --max-model-calls N")
+            again += " " + BudgetExceeded.FLAGS.get(result["stopped_by"], BudgetExceeded.FLAGS["calls"])
         out.print(f"[yellow]{escape(result['stopped'])}[/yellow] — `{escape(again)}`")
 
 

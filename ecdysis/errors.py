@@ -57,10 +57,12 @@ class BudgetExceeded(EcdysisError):
     """A call, token or wall-time budget ran out; the work stopped cleanly and can resume.
     `limit` names which one ("calls", "tokens" or "wall"), so a face can say what to raise."""
 
-    LIMITS = ("calls", "tokens", "wall")
+    # Each limit: how a message names its budget, and the CLI flag that raises it.
+    NAMES = {"calls": "model-call", "tokens": "token", "wall": "wall-time"}
+    FLAGS = {"calls": "--max-model-calls N", "tokens": "--max-tokens N", "wall": "--max-wall SECONDS"}
 
     def __init__(self, message: str, *, limit: str = "calls", hint: str | None = None) -> None:
-        if limit not in self.LIMITS:
+        if limit not in self.NAMES:
             raise ValueError(f"unknown budget limit {limit!r}")
         super().__init__(message, hint)
         self.limit = limit

@@ -37,7 +37,6 @@ from ecdysis.strategies import Strategy, strategy
 from ecdysis.store import DiagnosisRecord, EvolutionRecord, HarnessVersion, ProposalRecord
 
 STRATEGIES = tuple(STRATEGY_CLASSES)
-_LIMIT_NAMES = {"calls": "model-call", "tokens": "token", "wall": "wall-time"}
 # Which phases' calls an iteration row counts under which name.
 PHASE_GROUP = {"train": "train", "diagnose": "diagnose", "screen": "screen", "rescreen": "screen",
                "validate": "validate"}
@@ -400,7 +399,7 @@ class Evolver:
                     if self.cancelled():
                         raise Cancelled("stopped by request")
                     limit = budget.spent_limit() or "calls"
-                    raise BudgetExceeded(f"the {_LIMIT_NAMES[limit]} budget ran out during a batch", limit=limit)
+                    raise BudgetExceeded(f"the {BudgetExceeded.NAMES[limit]} budget ran out during a batch", limit=limit)
         return list(ids.values())
 
     def _paid_runs(self) -> list[str]:

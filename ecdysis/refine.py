@@ -151,7 +151,7 @@ class DataIndex:
         return DataIndex(dict(instances), {e.key: e for e in exemplars}, specific, pattern, shingle, labels)
 
 
-def _distinctive(target: str, labels: frozenset[str] = frozenset()) -> bool:
+def _distinctive(target: str, labels: frozenset[str]) -> bool:
     """A target specific enough that finding it in a patch means the answer was copied in: not a
     generic answer, not one character, and not a class label many instances share (an English
     word such as "different" in a patch's comment is no instance's answer leaking)."""
