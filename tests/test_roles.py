@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -20,7 +21,7 @@ from ecdysis.roles import HeuristicRoleBackend, make_role_backend
 from ecdysis.roles.agent_operators import AGENT_OPERATORS
 from ecdysis.roles.base import ROLES, CaseFile, Exemplar, schema_errors
 from ecdysis.roles.llm import LLMRoleBackend, extract_json, generation_schema
-from ecdysis.roles.drafting import materialize
+from ecdysis.roles.drafting import closed_operators, materialize
 from ecdysis.roles.operators import OPERATORS
 from ecdysis.roles.repairs import RepairInput, set_param
 from ecdysis.sandbox import SandboxLimits
@@ -295,12 +296,35 @@ def test_llm_proposer_edits_must_apply(case: CaseFile) -> None:
     assert "careful assistant" in draft.files["system.md"]
 
 
+def test_an_operator_named_with_edits_that_never_apply_is_kept_without_them(case: CaseFile) -> None:
+    """Qwen 1.5B, on real BIG-bench clusters, named a catalogue operator and added edits whose text
+    to find was a file's name; asked again, it wrote the same reply, and the heuristic answered
+    instead of the model. The repair request now says the edits may be left out, and on the second
+    failure the named operator is kept as the catalogue writes it; the transcript says so. An
+    operator that is not open to the case still falls back."""
+    from ecdysis.roles.ranking import Ranking
+    spec = {"target_files": ["harness.toml"], "change": "c", "root_cause": "r", "expected_effect": "e",
+            "risk": "k", "scope": "s"}
+    name = Ranking.for_cluster(case.cluster).names[0]
+    reply = json.dumps({"operator": name, "spec": spec, "replies": [],
+                        "edits": [{"path": "harness.toml", "find": "system.md", "replace": "Ask for the answer."}]})
+    model = ScriptedBackend(queue=[reply, reply])
+    turn = LLMRoleBackend(model).run("proposer", case, 1)
+    assert [m.kind for m in turn.messages] == ["prompt", "reply", "repair", "reply", "check", "output"]
+    assert f"leave `edits` out to apply {name}" in turn.messages[2].text
+    assert "the text to find occurs 0 times" in turn.messages[4].text and turn.messages[4].backend == "llm:scripted"
+    assert turn.output["operator"] == name and "edits" not in turn.output
+    assert materialize(turn.output, case).files == materialize({"operator": name, "spec": spec}, case).files
+    present = dataclasses.replace(case, files=materialize({"operator": name, "spec": spec}, case).files)
+    again = LLMRoleBackend(ScriptedBackend(queue=[reply, reply])).run("proposer", present, 1)
+    assert [m.kind for m in again.messages][:5] == ["prompt", "reply", "repair", "reply", "fallback"]
+
+
 def test_the_llm_proposer_is_not_offered_an_operator_the_novelty_check_would_refuse(case: CaseFile) -> None:
     """A repair rolled back on this harness, or already in it, used to stay in the Proposer's
     enum: a small model drafted it again on instance after instance, and each draft cost a Critic's
     turn and a revision round before the novelty check refused it. Now the grammar leaves it out,
     the prompt says why, and a backend that ignores the grammar gets one repair request."""
-    from ecdysis.roles.drafting import closed_operators
     from ecdysis.roles.ranking import Ranking
     first, second = Ranking.for_cluster(case.cluster).names[:2]
     history = [{"operator": first, "outcome": "rolled_back", "harness_version": case.harness_version,
@@ -324,6 +348,47 @@ def test_the_llm_proposer_is_not_offered_an_operator_the_novelty_check_would_ref
     present = dataclasses.replace(case, files=materialize({"operator": second, "spec": spec}, case).files)
     assert closed_operators(present)[second] == "already present in the harness"
     assert {first, second, ""} <= set(generation_schema("proposer", case)["properties"]["operator"]["enum"])
+
+
+def test_the_llm_proposer_sees_the_clusters_ranking_first_with_its_reasons() -> None:
+    """A small Proposer names whichever operator it reads first: given the catalogue in declaration
+    order, taking a closed operator out of the list moved its pick off the repair the engine ranked
+    first. The prompt now lists the open operators the cluster's ranking names in that order, each
+    with the ranking's reason (a count from the cluster's own failures, or the probe's result), the
+    other open ones after them, and the grammar's enum in the same order."""
+    from ecdysis.roles.llm import PROMPTS
+    from ecdysis.roles.ranking import Ranking
+    store = MemoryStore()
+    failures, batch = planted_batch(store)
+    version = store.list_harnesses()[0]
+    clusters = {c.label: c for c in aggregate(failures, batch)}
+    rambling = next(c for label, c in clusters.items() if "step by step" in label)
+    case = CaseFile(cluster=rambling, files=dict(version.files), harness_version=version.id, batch=batch,
+                    exemplars=EXEMPLARS)
+    ranked = Ranking.for_cluster(rambling)
+    # No reply holds a number, so the form is asked for before extraction: not declaration order.
+    assert ranked.names[:2] == ["answer_format_instruction", "answer_extraction"]
+    assert list(OPERATORS).index("answer_extraction") < list(OPERATORS).index("answer_format_instruction")
+
+    def listed(case: CaseFile) -> tuple[list[str], str]:
+        prompt = PROMPTS["proposer"].user(case)
+        block = prompt.split("Catalogue operators suggested for this cluster", 1)[1].split("\nOther", 1)[0]
+        lines = [line for line in block.splitlines() if re.match(r"\d+\. ", line)]
+        return [line.split(". ", 1)[1].split(" ", 1)[0] for line in lines], block
+
+    names, block = listed(case)
+    assert names == [n for n in ranked.names if n in OPERATORS and n not in closed_operators(case)]
+    assert f"only 0 of {len(rambling.failures)} replies hold an answer of the expected form" in block
+    enum = generation_schema("proposer", case)["properties"]["operator"]["enum"]
+    assert enum[:len(names)] == names and set(enum) == {*OPERATORS, ""} - set(closed_operators(case))
+
+    # The recoverability probe's pick comes first, with what the probe saw.
+    members = [f.instance_id for f in rambling.failures][:3]
+    probed = dataclasses.replace(rambling, probe={"model": "m-small", "members": members, "operator": "few_shot",
+                                                  "right": {"few_shot": members[:2]}})
+    names, block = listed(dataclasses.replace(case, cluster=probed))
+    assert names[0] == "few_shot" and names[1:3] == ["answer_format_instruction", "answer_extraction"]
+    assert "brought 2 of 3 of these failures back right with it on m-small" in block
 
 
 def test_make_role_backend_resolves_names() -> None:

@@ -24,6 +24,7 @@ from ecdysis.records import CompletionRequest
 from ecdysis.roles.base import SCHEMAS, CaseFile, RoleMessage, RoleName, RoleTurn, render_output, schema_errors
 from ecdysis.roles.heuristic import HeuristicRoleBackend
 from ecdysis.roles.drafting import ProposalError, closed_operators, materialize
+from ecdysis.roles.ranking import Ranking
 from ecdysis.roles.operators import OPERATORS
 from ecdysis.store import Store
 
@@ -72,16 +73,17 @@ def generation_schema(role: RoleName, case: CaseFile | None = None) -> dict[str,
     """The shape a backend is asked to produce for `role`: the role's schema made fit for
     constrained decoding (no bare `anyOf` of `required` lists, which grammar converters reject;
     the Proposer's operator is an enum of the catalogue less the operators closed to `case`
-    (`closed_operators`), "" for hand-written edits; strings and lists bounded). Replies are
+    (`closed_operators`), the cluster's ranked ones first, and "" for hand-written edits; strings
+    and lists bounded). Replies are
     still validated against the full `SCHEMAS[role]`."""
     if role != "proposer":
         return _bounded(SCHEMAS[role])
-    closed = closed_operators(case) if case is not None else {}
+    ranked, rest = _open_operators(case)[:2] if case is not None else ([], list(OPERATORS))
     spec = {key: value for key, value in SCHEMAS["proposer"]["properties"]["spec"].items()}
     spec["properties"] = {k: v for k, v in spec["properties"].items() if k != "exemplars"}
     edit = SCHEMAS["proposer"]["properties"]["edits"]["items"]
     return _bounded({"type": "object", "required": ["operator", "spec", "replies"],
-                     "properties": {"operator": {"enum": [*(n for n in OPERATORS if n not in closed), ""]},
+                     "properties": {"operator": {"enum": [*ranked, *rest, ""]},
                                     "spec": spec,
                                     "replies": {"type": "array", "items": {"type": "string", "minLength": 1}},
                                     "edits": {"type": "array", "items": edit}}})
@@ -108,13 +110,33 @@ def _history_text(case: CaseFile) -> str:
     return "\n".join(lines)
 
 
-def _catalogue_text(case: CaseFile) -> str:
+def _open_operators(case: CaseFile) -> tuple[list[str], list[str], dict[str, str], dict[str, str]]:
+    """The catalogue for this case: the open operators the cluster's `Ranking` names (best first),
+    the other open ones (declaration order), the ranking's reasons, and the closed ones with why."""
     closed = closed_operators(case)
-    text = "Catalogue operators you may name instead of writing edits: " + "; ".join(
-        f"{n} ({op.title})" for n, op in OPERATORS.items() if n not in closed)
+    ranking = Ranking.for_cluster(case.cluster)
+    ranked = [n for n in ranking.names if n in OPERATORS and n not in closed]
+    rest = [n for n in OPERATORS if n not in closed and n not in ranked]
+    return ranked, rest, ranking.reasons, closed
+
+
+def _catalogue_text(case: CaseFile) -> str:
+    """The operators a Proposer may name. The ones the engine's ranking suggests for this cluster
+    come first, in its order and with its reason: a small model given the catalogue in declaration
+    order named whichever came first, so a closed operator taken out of the list changed its pick."""
+    ranked, rest, reasons, closed = _open_operators(case)
+    parts = []
+    if ranked:
+        parts.append("Catalogue operators suggested for this cluster, best first (the engine's ranking from the "
+                     "failure type and the evidence):\n" + "\n".join(f"{i}. {n} ({OPERATORS[n].title}): {reasons.get(n, 'ranked for this type')}"
+                                         for i, n in enumerate(ranked, 1)))
+    if rest:
+        parts.append(("Other catalogue operators you may name instead of writing edits: " if ranked else
+                      "Catalogue operators you may name instead of writing edits: ")
+                     + "; ".join(f"{n} ({OPERATORS[n].title})" for n in rest))
     if closed:
-        text += "\nNot available here (do not name them): " + "; ".join(f"{n} ({why})" for n, why in closed.items())
-    return text
+        parts.append("Not available here (do not name them): " + "; ".join(f"{n} ({why})" for n, why in closed.items()))
+    return "\n".join(parts)
 
 
 IN_FORCE = ("solve", "build_messages", "extract_answer")  # the harness functions that decide an answer
@@ -217,8 +239,21 @@ class RolePrompt:
             try:
                 materialize(value, case)
             except (ProposalError, ValueError, KeyError) as exc:
-                return None, [f"the proposal cannot be applied: {exc}"]
+                hint = (f" (or leave `edits` out to apply {name} as the catalogue writes it)"
+                        if name and value.get("edits") and not value.get("files") else "")
+                return None, [f"the proposal cannot be applied: {exc}{hint}"]
         return value, []
+
+    def operator_alone(self, text: str, case: CaseFile) -> dict[str, Any] | None:
+        """A Proposer reply that names an open catalogue operator and adds `edits` that do not
+        apply, less those edits, if that is a usable proposal; else None. Small models given an
+        operator's title often add edits quoting file names as text to find; the operator they
+        named is still their choice, and it is kept rather than replaced by the heuristic's."""
+        value = extract_json(text)
+        if self.role != "proposer" or not isinstance(value, dict) or not value.get("operator") or not value.get("edits") \
+                or value.get("files"):
+            return None
+        return self.parse(json.dumps({k: v for k, v in value.items() if k != "edits"}), case)[0]
 
 
 PROMPTS: dict[str, RolePrompt] = {p.role: p for p in (
@@ -268,6 +303,12 @@ class LLMRoleBackend:
             if output is not None:
                 log.append(RoleMessage(round, role, "output", self.name, render_output(role, output), output))
                 return RoleTurn(output, log)
+            bare = prompt.operator_alone(reply.text, case) if attempt == 1 else None
+            if bare is not None:
+                log.append(self._msg(round, role, "check", f"The edits did not apply ({errors[0]}); "
+                                     f"{bare['operator']} is taken as the catalogue writes it, without them."))
+                log.append(RoleMessage(round, role, "output", self.name, render_output(role, bare), bare))
+                return RoleTurn(bare, log)
             if attempt == 0:
                 repair = self._repair_request(errors)
                 messages = messages + [{"role": "assistant", "content": reply.text},

@@ -29,45 +29,54 @@ CLOSED_FORM_TYPES = frozenset({"off_format", "invalid_choice", "truncated", "emp
 
 @dataclass
 class Ranking:
-    """The operators to try for a cluster, best first, adjusted by its evidence."""
+    """The operators to try for a cluster, best first, adjusted by its evidence, each with why it
+    stands where it does (shown to an LLM Proposer, which otherwise sees only a catalogue)."""
 
     names: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def first(self, name: str, why: str, at: int = 0) -> None:
+        """Move (or insert) `name` to position `at`, for the reason `why`."""
+        if name in self.names:
+            self.names.remove(name)
+        self.names.insert(min(at, len(self.names)), name)
+        self.reasons[name] = why
 
     @staticmethod
     def for_cluster(cluster: Cluster) -> "Ranking":
-        names = list(RANKING.get(cluster.type, ()))
+        table = RANKING.get(cluster.type, ())
+        out = Ranking(list(table), {n: f"a usual repair for {cluster.type} failures" for n in table})
+        names, n = out.names, len(cluster.failures)
         omitted = sum(1 for f in cluster.failures if f.detail.get("prompt_omits"))
-        if cluster.failures and omitted * 2 >= len(cluster.failures):
+        if cluster.failures and omitted * 2 >= n:
             # The model was not asked the whole task: no extraction or budget fixes that.
-            names.insert(0, "whole_task_in_prompt")
+            out.first("whole_task_in_prompt", f"the prompt left part of the task out on {omitted} of {n} failures")
         if cluster.type == "off_format" and names:
             found = sum(1 for f in cluster.failures if f.detail.get("shape_in_reply"))
             # Extraction cannot find an answer the reply does not contain; then ask for the form first.
-            if found * 2 < len(cluster.failures):
-                names.remove("answer_format_instruction")
-                names.insert(0, "answer_format_instruction")
+            if found * 2 < n:
+                out.first("answer_format_instruction", f"only {found} of {n} replies hold an answer of the "
+                          "expected form, so there is little for extraction to find")
         if cluster.type == "unparsable_call" and names:
             cut = sum(1 for f in cluster.failures if f.detail.get("mechanism") == "cut at the token limit")
             # Calls cut off at the token limit need room to finish before they need a format.
-            if cut * 2 > len(cluster.failures):
-                names.remove("output_budget")
-                names.insert(0, "output_budget")
+            if cut * 2 > n:
+                out.first("output_budget", f"{cut} of {n} calls were cut off at the token limit")
         if cluster.type == "call_count" and names:
             silent = sum(1 for f in cluster.failures if f.detail.get("mechanism") == "no call")
             # Calls that are never made need a second look at the functions, not a format.
-            if silent * 2 > len(cluster.failures):
-                names.remove("abstain_check")
-                names.insert(0, "abstain_check")
+            if silent * 2 > n:
+                out.first("abstain_check", f"{silent} of {n} failures made no call at all")
         if cluster.type == "truncated" and names:
             short = sum(1 for f in cluster.failures if f.shape in ("number", "boolean", "choice"))
             # A reply cut off before a one-word answer is prose, not a long answer: a bigger
             # budget buys more prose (and doubles the cost); asking for the answer's form first
             # is the general repair. Long answers (word lists, text) do need the budget.
-            if short * 2 > len(cluster.failures):
-                names.remove("answer_format_instruction")
-                names.insert(0, "answer_format_instruction")
+            if short * 2 > n:
+                out.first("answer_format_instruction", f"{short} of {n} replies were cut off before a "
+                          "one-word answer: more room buys more prose")
         closed = sum(1 for f in cluster.failures if f.shape in ("choice", "boolean"))
-        if names and cluster.failures and closed * 2 > len(cluster.failures) and cluster.type in CLOSED_FORM_TYPES:
+        if names and cluster.failures and closed * 2 > n and cluster.type in CLOSED_FORM_TYPES:
             # Mostly closed answers (options, yes/no, true/false). With no usable reply at all (cut
             # off, empty), scoring the options needs none and is tried first; where the reply was
             # written but off-format, the cheaper fixes that keep the model's own answer come first
@@ -75,9 +84,13 @@ class Ranking:
             # highest when asked (Qwen 0.5B on temporal_sequences: 0.000 written, 0.533 scored):
             # scoring comes after worked examples and before 5-sample voting, which costs 4 calls more.
             place = {"truncated": 0, "empty_output": 0, "wrong_answer": 1}.get(cluster.type, 1)
-            names.insert(min(place, len(names)), "option_scoring")
+            out.first("option_scoring", f"{closed} of {n} answers are closed (options, yes/no): scoring "
+                      "each option needs no usable written reply", at=place)
         probed = (cluster.probe or {}).get("operator")
         if probed:
             # The repair the recoverability probe saw bring most of these failures back comes first.
-            names = [probed] + [n for n in names if n != probed]
-        return Ranking(names)
+            right = len((cluster.probe.get("right") or {}).get(probed) or ())
+            members = len(cluster.probe.get("members") or ())
+            out.first(probed, f"the recoverability probe brought {right} of {members} of these failures back "
+                      f"right with it on {cluster.probe.get('model', 'the probed model')}")
+        return out
