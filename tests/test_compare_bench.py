@@ -76,3 +76,35 @@ def test_quick_benchmark_writes_the_documented_figures(tmp_path: Path, monkeypat
     assert sorted(lab.split(":", 2)[2] for lab in labels if lab.endswith(":v2")) == sorted(
         f"{name}:{seed}:heuristic:v2" for name in ("ecdysis", "per-instance", "self-evolution") for seed in (3, 4))
     assert len(labels) == 12
+
+
+def test_the_proposer_picks_benchmark_reads_the_cases_a_strategy_run_left(tmp_path: Path, monkeypatch) -> None:
+    """`bench/proposer_picks.py` diagnoses again the first batch of each heuristic Ecdysis
+    evolution a strategy benchmark stored, and has the LLM Proposer answer every case: here a
+    scripted role model that always names answer extraction, the ranking's first repair for answers
+    wrapped in a sentence."""
+    from bench import proposer_picks
+    from ecdysis.suites import load_suite
+    suite = load_suite("arithmetic")
+    rules = [{"match": i.input, "text": f"Let me think.\nThe answer is {i.target}."} for i in suite.instances]
+    script = tmp_path / "model.json"
+    script.write_text(json.dumps({"rules": rules, "default": "I do not know."}))
+    spec = {"target_files": ["harness.py"], "change": "c", "root_cause": "r", "expected_effect": "e", "risk": "k",
+            "scope": "s"}
+    roles = tmp_path / "roles.json"
+    roles.write_text(json.dumps({"rules": [], "default": json.dumps({"operator": "answer_extraction", "spec": spec,
+                                                                      "replies": []})}))
+    home, out = tmp_path / "home", tmp_path / "results"
+    monkeypatch.delenv("ECDYSIS_DATABASE_URL", raising=False)
+    monkeypatch.setenv("ECDYSIS_HOME", str(home))
+    assert compare_strategies.main(["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}",
+                                    "--strategy", "ecdysis", "--home", str(home), "--out", str(out)]) == 0
+    assert proposer_picks.main(["--home", str(home), "--tag", "", "--roles", f"scripted:{roles}",
+                                "--out", str(out)]) == 0
+    result = json.loads((out / "proposer_picks.json").read_text())
+    rows = result["rows"]
+    assert rows and result["tally"]["cases"] == len(rows) == result["tally"]["head"]
+    assert {r["evolution"] for r in rows} <= {"arithmetic · seed 1", "arithmetic · seed 2"}
+    assert all(r["ranked"][0] == r["named"] == "answer_extraction" and r["ended"] == "model" for r in rows)
+    assert f"named the ranking's first operator in {len(rows)}" in (out / "proposer_picks.md").read_text()
+    assert proposer_picks.main(["--home", str(home), "--tag", "no-such-tag", "--out", str(out)]) == 2
