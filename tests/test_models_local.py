@@ -191,3 +191,27 @@ def test_option_scores_are_the_log_probabilities_of_a_full_evaluation(name: str)
     assert int(np.argmax(scored.option_logprobs)) == int(np.argmax(expected))
     means = [lp / n for lp, n in zip(scored.option_logprobs, scored.option_tokens)]
     assert scored.text == options[int(np.argmax(means))]
+
+
+def test_the_proposer_on_qwen_reads_the_ranked_catalogue_and_names_an_open_operator() -> None:
+    """Qwen 1.5B, the documented role model, plays the Proposer on a planted cluster whose replies
+    hold no answer (the ranking asks for the answer's form before extraction). Its prompt lists the
+    ranked operators with their reasons; its turn ends in a proposal that applies, named by the
+    model itself (or kept without edits that did not apply), never by the heuristic fallback."""
+    from diagnosis_fixtures import MemoryStore, planted_batch
+    from ecdysis.aggregate import aggregate
+    from ecdysis.roles import make_role_backend
+    from ecdysis.roles.base import CaseFile
+    from ecdysis.roles.drafting import materialize
+    store = MemoryStore()
+    failures, batch = planted_batch(store)
+    version = store.list_harnesses()[0]
+    cluster = next(c for c in aggregate(failures, batch) if "step by step" in c.label)
+    case = CaseFile(cluster=cluster, files=dict(version.files), harness_version=version.id, batch=batch)
+    turn = make_role_backend("qwen2.5-coder-1.5b").run("proposer", case, 1)
+    prompt = turn.messages[0].text
+    assert "1. answer_format_instruction (Answer-format instruction): only 0 of" in prompt
+    assert "fallback" not in [m.kind for m in turn.messages], [m.text[:300] for m in turn.messages]
+    enum = generation_schema("proposer", case)["properties"]["operator"]["enum"]
+    assert turn.output.get("operator", "") in enum
+    assert materialize(turn.output, case).files != case.files
