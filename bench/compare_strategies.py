@@ -53,7 +53,26 @@ def config(args: argparse.Namespace, suite: str, strategy: str, seed: int, roles
                         batch_size=args.batch_size, val_limit=args.val_limit, test_limit=args.test_limit,
                         auto_approve=True, role_backend=roles, max_rounds=2, concurrency=1,
                         max_model_calls=args.budget, charge_cached=True, seed=seed,
-                        label=f"bench:{suite}:{strategy}:{seed}:{roles}" + (f":{args.tag}" if args.tag else ""))
+                        label=evolution_label(suite, strategy, seed, roles, args.tag))
+
+
+def evolution_label(suite: str, strategy: str, seed: int, roles: str, tag: str = "") -> str:
+    """How the benchmark names an evolution in its --home: `bench:SUITE:STRATEGY:SEED:ROLES[:TAG]`."""
+    return f"bench:{suite}:{strategy}:{seed}:{roles}" + (f":{tag}" if tag else "")
+
+
+def parse_label(label: str) -> dict[str, Any] | None:
+    """The fields of an `evolution_label` (a suite name may hold colons), or None for another label."""
+    parts = label.split(":")
+    if len(parts) < 5 or parts[0] != "bench":
+        return None
+    if parts[-2].isdigit():
+        rest, tag = parts, ""
+    elif parts[-3].isdigit() and len(parts) >= 6:
+        rest, tag = parts[:-1], parts[-1]
+    else:
+        return None
+    return {"suite": ":".join(rest[1:-3]), "strategy": rest[-3], "seed": int(rest[-2]), "roles": rest[-1], "tag": tag}
 
 
 def evolve(svc: Any, cfg: Any) -> Any:

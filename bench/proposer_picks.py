@@ -31,22 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from compare_strategies import parse_label  # noqa: E402
 from machine import cpu_counters, load_average, now, steal_pct, write_results  # noqa: E402
-
-
-def parse_label(label: str) -> dict[str, Any] | None:
-    """The fields of a strategy benchmark's evolution label, `bench:SUITE:STRATEGY:SEED:ROLES[:TAG]`
-    (a suite name may hold colons), or None for another label."""
-    parts = label.split(":")
-    if len(parts) < 5 or parts[0] != "bench":
-        return None
-    if parts[-2].isdigit():
-        rest, tag = parts, ""
-    elif parts[-3].isdigit() and len(parts) >= 6:
-        rest, tag = parts[:-1], parts[-1]
-    else:
-        return None
-    return {"suite": ":".join(rest[1:-3]), "strategy": rest[-3], "seed": int(rest[-2]), "roles": rest[-1], "tag": tag}
 
 
 def evolution_cases(svc: Any, tags: Sequence[str], seeds: Sequence[int],
@@ -86,10 +72,8 @@ def evolution_cases(svc: Any, tags: Sequence[str], seeds: Sequence[int],
 
 def pick(roles: Any, case: Any) -> dict[str, Any]:
     """One Proposer turn on `case`: the ranking's open operators, the operator named, how it ended."""
-    from ecdysis.roles.drafting import closed_operators
-    from ecdysis.roles.ranking import Ranking
-    closed = closed_operators(case)
-    ranked = [n for n in Ranking.for_cluster(case.cluster).names if n not in closed]
+    from ecdysis.roles.llm import open_operators
+    ranked = open_operators(case)[0]
     started = time.perf_counter()
     turn = roles.run("proposer", case, 1)
     kinds = [m.kind for m in turn.messages]

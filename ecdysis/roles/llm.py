@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ecdysis.budget import CallBudget
 from ecdysis.errors import ModelError
@@ -78,7 +78,7 @@ def generation_schema(role: RoleName, case: CaseFile | None = None) -> dict[str,
     still validated against the full `SCHEMAS[role]`."""
     if role != "proposer":
         return _bounded(SCHEMAS[role])
-    ranked, rest = _open_operators(case)[:2] if case is not None else ([], list(OPERATORS))
+    ranked, rest = open_operators(case)[:2] if case is not None else ([], list(OPERATORS))
     spec = {key: value for key, value in SCHEMAS["proposer"]["properties"]["spec"].items()}
     spec["properties"] = {k: v for k, v in spec["properties"].items() if k != "exemplars"}
     edit = SCHEMAS["proposer"]["properties"]["edits"]["items"]
@@ -110,7 +110,7 @@ def _history_text(case: CaseFile) -> str:
     return "\n".join(lines)
 
 
-def _open_operators(case: CaseFile) -> tuple[list[str], list[str], dict[str, str], dict[str, str]]:
+def open_operators(case: CaseFile) -> tuple[list[str], list[str], dict[str, str], dict[str, str]]:
     """The catalogue for this case: the open operators the cluster's `Ranking` names (best first),
     the other open ones (declaration order), the ranking's reasons, and the closed ones with why."""
     closed = closed_operators(case)
@@ -124,7 +124,7 @@ def _catalogue_text(case: CaseFile) -> str:
     """The operators a Proposer may name. The ones the engine's ranking suggests for this cluster
     come first, in its order and with its reason: a small model given the catalogue in declaration
     order named whichever came first, so a closed operator taken out of the list changed its pick."""
-    ranked, rest, reasons, closed = _open_operators(case)
+    ranked, rest, reasons, closed = open_operators(case)
     parts = []
     if ranked:
         parts.append("Catalogue operators suggested for this cluster, best first (the engine's ranking from the "
@@ -137,6 +137,11 @@ def _catalogue_text(case: CaseFile) -> str:
     if closed:
         parts.append("Not available here (do not name them): " + "; ".join(f"{n} ({why})" for n, why in closed.items()))
     return "\n".join(parts)
+
+
+def _operator_with_edits(output: Mapping[str, Any]) -> bool:
+    """A Proposer output naming a catalogue operator and adding find/replace edits (no whole files)."""
+    return bool(output.get("operator") and output.get("edits") and not output.get("files"))
 
 
 IN_FORCE = ("solve", "build_messages", "extract_answer")  # the harness functions that decide an answer
@@ -240,7 +245,7 @@ class RolePrompt:
                 materialize(value, case)
             except (ProposalError, ValueError, KeyError) as exc:
                 hint = (f" (or leave `edits` out to apply {name} as the catalogue writes it)"
-                        if name and value.get("edits") and not value.get("files") else "")
+                        if _operator_with_edits(value) else "")
                 return None, [f"the proposal cannot be applied: {exc}{hint}"]
         return value, []
 
@@ -250,8 +255,7 @@ class RolePrompt:
         operator's title often add edits quoting file names as text to find; the operator they
         named is still their choice, and it is kept rather than replaced by the heuristic's."""
         value = extract_json(text)
-        if self.role != "proposer" or not isinstance(value, dict) or not value.get("operator") or not value.get("edits") \
-                or value.get("files"):
+        if self.role != "proposer" or not isinstance(value, dict) or not _operator_with_edits(value):
             return None
         return self.parse(json.dumps({k: v for k, v in value.items() if k != "edits"}), case)[0]
 
