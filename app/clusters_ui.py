@@ -173,17 +173,29 @@ def _outcome(report: DiagnosisReport, cluster: Cluster, proposal: Proposal | Non
     if proposal is None:
         st.markdown("**Outcome**")
         st.info(ui.md(report.patch(cluster.id).text()), icon=":material/block:")
-        return
-    endorsed = proposal.status == "endorsed"  # Proposal.from_json reads the older name "accepted" as this
-    st.markdown(f"**Final modification specification** — proposal `{proposal.id}`, "
-                f"{'endorsed by the Critic' if endorsed else 'rejected by the Critic'} after "
-                f"{proposal.rounds} round(s)")
+    else:
+        endorsed = proposal.status == "endorsed"  # Proposal.from_json reads the older name "accepted" as this
+        st.markdown(f"**Final modification specification** — proposal `{proposal.id}`, "
+                    f"{'endorsed by the Critic' if endorsed else 'rejected by the Critic'} after "
+                    f"{proposal.rounds} round(s)")
+        _proposal_body(proposal)
+    alternative = report.alternative_for(cluster.id)
+    if alternative is not None:
+        st.markdown(f"**The engine's alternative** — proposal `{alternative.id}`, screened alone beside the "
+                    "roles' proposal; the Review page lists both")
+        st.caption(ui.md(alternative.alternative))
+        _proposal_body(alternative)
+    reviewable = [p for p in (proposal, alternative) if p is not None and p.status == "endorsed"]
+    if reviewable:
+        remember("proposal", reviewable[0].id)
+        ui.page_link("review", "Review this proposal" if len(reviewable) == 1 else "Review these proposals",
+                     ":material/rate_review:")
+
+
+def _proposal_body(proposal: Proposal) -> None:
     ui.spec_card(proposal.spec)
     if proposal.objections:
         st.markdown("**Critic's objections**\n" + "\n".join(f"- {ui.md(o)}" for o in proposal.objections))
-    if endorsed:
-        remember("proposal", proposal.id)
-        ui.page_link("review", "Review this proposal", ":material/rate_review:")
 
 
 def remembered_runs() -> list[str]:

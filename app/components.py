@@ -405,8 +405,10 @@ def _role_message(m: RoleMessage) -> None:
     avatar = ROLE_AVATAR["engine"] if kind == "check" else ROLE_AVATAR.get(role, ":material/person:")
     with st.chat_message(who, avatar=avatar):
         st.markdown(f"**{md(who)}** :gray[· {md(kind)} · {md(m.backend or '')}]")
-        if kind == "check":
+        if kind == "check" and (m.data or {}).get("checks"):
             _checks((m.data or {}).get("checks", []))
+        elif kind == "check":  # the engine's word without a list of checks: a veto upheld, an alternative
+            st.markdown(md(m.text or ""))
         elif kind in ("prompt", "reply", "repair"):
             with st.expander({"prompt": "prompt sent", "reply": "raw reply", "repair": "repair request"}[kind]):
                 st.text(m.text or "")

@@ -63,6 +63,8 @@ def header(svc: Service, p: ProposalRecord, title: str) -> None:
               f"{views.evolution_iteration_of(p, evolution)})" if evolution else "a diagnosis started by hand")
     st.caption(f"proposal {p.id} · from {ui.md(origin)} · diagnosis {p.diagnosis_id} · cluster {p.cluster_id} · "
                f"applies to harness {views.short(p.harness_version, 12)} · {views.when(p.created_at)}")
+    if p.data.get("alternative"):
+        st.info(ui.md(p.data["alternative"]), icon=":material/alt_route:")
     for d in svc.decisions(p.id):
         why = f" — {ui.md(d.reason)}" if d.reason else ""
         st.caption(f"{d.decision} by {ui.md(d.who)} at {views.when(d.at)}{why}")

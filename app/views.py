@@ -372,7 +372,7 @@ def _project(texts: list[str]) -> Any:
 
 def proposal_label(p: ProposalRecord, titles: Mapping[str, str] | None = None) -> str:
     title = (titles or {}).get(f"{p.diagnosis_id}/{p.cluster_id}", p.cluster_id)
-    return f"{p.id} · {p.status} · {title}"
+    return f"{p.id} · {p.status} · {title}" + (" · the engine's alternative" if p.data.get("alternative") else "")
 
 
 def cluster_titles(diagnoses: Iterable[DiagnosisRecord], width: int = 50) -> dict[str, str]:

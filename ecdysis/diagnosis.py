@@ -25,9 +25,11 @@ from ecdysis.models.base import ModelBackend
 from ecdysis.models.gateway import ModelGateway
 from ecdysis.probe import probe_clusters
 from ecdysis.records import InstanceResult, RunRecord, Suite
-from ecdysis.refine import CriticChecks, DataIndex, Proposal, RefineOutcome, Refiner, SmokeRunner
+from ecdysis.refine import ENGINE, CriticChecks, DataIndex, Proposal, RefineOutcome, Refiner, SmokeRunner
 from ecdysis.roles import make_role_backend
 from ecdysis.roles.base import CaseFile, Exemplar, RoleBackend, RoleMessage, render_transcript
+from ecdysis.roles.heuristic import HeuristicRoleBackend, propose
+from ecdysis.roles.ranking import Ranking
 from ecdysis.sandbox import SandboxLimits
 from ecdysis.store import DiagnosisRecord, HarnessVersion, Store
 
@@ -47,19 +49,24 @@ class PatchOutcome:
     no_patch_reason: str | None = None
     shared_with: str | None = None
     transcript: tuple[RoleMessage, ...] = ()   # the roles' messages when no proposal of its own came of it
+    alternative_id: str | None = None   # the engine's own pick beside the roles' (`_engine_alternative`)
 
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None) -> "PatchOutcome":
         d = data or {}
         return cls(proposal_id=d.get("proposal_id"), status=str(d.get("status") or ""),
                    no_patch_reason=d.get("no_patch_reason"), shared_with=d.get("shared_with"),
-                   transcript=tuple(RoleMessage.from_json(m) for m in d.get("transcript") or ()))
+                   transcript=tuple(RoleMessage.from_json(m) for m in d.get("transcript") or ()),
+                   alternative_id=d.get("alternative_id"))
 
     def text(self) -> str:
-        """In words: "proposal P (endorsed)", or the reason no patch was made."""
+        """In words: "proposal P (endorsed)", or the reason no patch was made; then the engine's
+        alternative, when there is one."""
         if self.proposal_id:
-            return f"proposal {self.proposal_id} ({self.status})" if self.status else f"proposal {self.proposal_id}"
-        return self.no_patch_reason or "not refined"
+            own = f"proposal {self.proposal_id} ({self.status})" if self.status else f"proposal {self.proposal_id}"
+        else:
+            own = self.no_patch_reason or "not refined"
+        return f"{own}; the engine's alternative: proposal {self.alternative_id}" if self.alternative_id else own
 
 
 @dataclass
@@ -81,7 +88,16 @@ class DiagnosisReport:
     created_at: float = 0.0
 
     def proposal_for(self, cluster_id: str) -> Proposal | None:
-        return next((p for p in self.proposals if p.cluster_id == cluster_id), None)
+        """The roles' own proposal for the cluster (not one it shares, nor the engine's alternative)."""
+        pid = self.patch(cluster_id).proposal_id
+        if cluster_id in self.outcomes:
+            return next((p for p in self.proposals if p.id == pid and p.cluster_id == cluster_id), None)
+        return next((p for p in self.proposals if p.cluster_id == cluster_id and not p.alternative), None)
+
+    def alternative_for(self, cluster_id: str) -> Proposal | None:
+        """The engine's alternative for the cluster, drafted for it or shared with another cluster."""
+        pid = self.patch(cluster_id).alternative_id
+        return next((p for p in self.proposals if p.id == pid), None) if pid else None
 
     def patch(self, cluster_id: str) -> PatchOutcome:
         return PatchOutcome.parse(self.outcomes.get(cluster_id))
@@ -216,7 +232,8 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
              current_files: Mapping[str, str] | None = None, limits: SandboxLimits | None = None,
              max_proposals: int | None = None, only_instances: Sequence[str] | None = None,
              events: EventSink | None = None, budget: CallBudget | None = None,
-             history: Sequence[Mapping[str, Any]] = (), passes: int = 2, probe: bool = True) -> DiagnosisReport:
+             history: Sequence[Mapping[str, Any]] = (), passes: int = 2, probe: bool = True,
+             alternatives: bool = True) -> DiagnosisReport:
     """Diagnose the failures of `run_ids` as one batch.
 
     `role_backend` is "heuristic" (default, offline), a model name or model backend for the LLM
@@ -234,6 +251,9 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
     Proposer <-> Critic; each later pass reviews the endorsed specification (see `Refiner`).
     `probe` runs the recoverability probe (`ecdysis.probe`) on clusters one model alone shows,
     before refinement, in a whole-batch diagnosis.
+    `alternatives`: in a whole-batch diagnosis with no proposal limit and model-played roles, a
+    cluster whose roles ended on another repair than the engine's pick also gets the engine's pick
+    as a second proposal (`_engine_alternative`); what screens both alone should ask for it.
     Raises NotFound/InputError for unknown runs."""
     emit = events or (lambda e: None)
     started = time.perf_counter()
@@ -264,8 +284,12 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
                                   runner_for)
         emit({"type": "probed", "harness_level": sum(c.verdict == "harness-level" for c in clusters)})
     refiner = Refiner(backend, checks, max_rounds=max_rounds, respect_verdicts=only_instances is None, passes=passes)
+    engine = HeuristicRoleBackend()
+    alternate = (Refiner(engine, checks, max_rounds=max_rounds, passes=passes)
+                 if alternatives and only_instances is None and max_proposals is None and backend.name != engine.name
+                 else None)
     outcomes, proposals = _refine_all(clusters, batch, exemplars, refiner, max_proposals, emit,
-                                      [dict(h) for h in history])
+                                      [dict(h) for h in history], alternate)
     report = DiagnosisReport(
         id="d" + uuid.uuid4().hex[:11], run_ids=[r.id for r in batch.runs], harness_version=batch.harness.id,
         models=sorted({r.model for r in batch.runs}), suites=sorted(batch.suites), role_backend=backend.name,
@@ -279,11 +303,12 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
 
 
 def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exemplar], refiner: Refiner,
-                max_proposals: int | None, emit: EventSink, history: list[dict[str, Any]]
-                ) -> tuple[dict[str, dict[str, Any]], list[Proposal]]:
+                max_proposals: int | None, emit: EventSink, history: list[dict[str, Any]],
+                alternate: Refiner | None = None) -> tuple[dict[str, dict[str, Any]], list[Proposal]]:
     """Each cluster to refine gets the roles in priority order. Clusters that want the same repair
     (an identical patch) share the first one's proposal instead of being pushed to a different,
-    lesser operator."""
+    lesser operator. With `alternate` (the engine's own roles), a cluster whose roles did not end
+    on the engine's pick also gets that pick, as a second proposal: see `_engine_alternative`."""
     outcomes: dict[str, dict[str, Any]] = {}
     proposals: list[Proposal] = []
     for cluster in clusters:
@@ -303,20 +328,69 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
         outcome: RefineOutcome = refiner.refine(case)
         entry: dict[str, Any] = {"proposal_id": None, "no_patch_reason": outcome.no_patch_reason}
         if outcome.proposal is not None:
-            twin = next((p for p in proposals if p.status == "endorsed" == outcome.proposal.status
-                         and p.files == outcome.proposal.files), None)
-            if twin is not None:
-                outcomes[cluster.id] = {"proposal_id": twin.id, "status": twin.status, "no_patch_reason": None,
-                                        "shared_with": twin.cluster_id,
-                                        "transcript": [m.to_json() for m in outcome.proposal.transcript]}
-                continue
-            proposals.append(outcome.proposal)
-            entry = {"proposal_id": outcome.proposal.id, "status": outcome.proposal.status,
-                     "no_patch_reason": None if outcome.proposal.status == "endorsed" else outcome.no_patch_reason}
+            placed = _place(outcome.proposal, proposals)
+            entry = {"proposal_id": placed.id, "status": placed.status,
+                     "no_patch_reason": None if placed.status == "endorsed" else outcome.no_patch_reason}
+            if placed is not outcome.proposal:
+                entry |= {"shared_with": placed.cluster_id,
+                          "transcript": [m.to_json() for m in outcome.proposal.transcript]}
         else:
             entry["transcript"] = [m.to_json() for m in outcome.transcript]
+        # The model's Attributor may veto a patch; the engine's pick does not overrule it.
+        vetoed = (case.attribution or {}).get("verdict", "harness-level") != "harness-level"
+        if alternate is not None and not vetoed:
+            emit({"type": "refining", "cluster_id": cluster.id, "alternative": True})
+            alternative = _engine_alternative(alternate, cluster, batch, exemplars, history, outcome)
+            if alternative is not None:
+                placed = _place(alternative, proposals)
+                entry["alternative_id"] = placed.id
+                if placed is not alternative:
+                    entry["alternative_shared_with"] = placed.cluster_id
         outcomes[cluster.id] = entry
     return outcomes, proposals
+
+
+def _place(proposal: Proposal, proposals: list[Proposal]) -> Proposal:
+    """The endorsed proposal already made with the same patch (clusters that want the same repair
+    share it), else `proposal`, appended."""
+    twin = next((p for p in proposals if p.status == "endorsed" == proposal.status and p.files == proposal.files),
+                None)
+    if twin is None:
+        proposals.append(proposal)
+    return twin or proposal
+
+
+def _engine_alternative(alternate: Refiner, cluster: Cluster, batch: _Batch, exemplars: list[Exemplar],
+                        history: list[dict[str, Any]], roles: RefineOutcome) -> Proposal | None:
+    """The engine's pick for a cluster (the best-ranked open catalogue repair, drafted and checked
+    by the deterministic roles) when the model's roles ended elsewhere: a different repair, a
+    refusal or nothing. A small role model's pick follows a prior more than the evidence
+    (`bench/proposer_picks.py`: Qwen 1.5B named the answer-format instruction on every cluster of
+    closed answers, where option scoring ranks first), and a batch can afford to screen both:
+    a screen costs about a tenth of a validation. Neither proposal is preferred; each is screened
+    alone and the human gate sees both. None when the engine has no endorsed repair, or the same."""
+    def fresh() -> CaseFile:
+        return CaseFile(cluster=cluster, files=dict(batch.harness.files), harness_version=batch.harness.id,
+                        batch=batch.context, exemplars=exemplars, history=history)
+    theirs = roles.proposal
+    agreed = theirs is not None and theirs.status == "endorsed"
+    if agreed and propose(fresh()).get("files") == theirs.files:  # type: ignore[union-attr]
+        return None  # the roles chose the engine's first pick: nothing to draft, no smoke run to pay
+    mine = alternate.refine(fresh()).proposal
+    if mine is None or mine.status != "endorsed" or (agreed and theirs.files == mine.files):  # type: ignore[union-attr]
+        return None
+    operator = mine.spec.operator or "a hand-written change"
+    why = Ranking.for_cluster(cluster).reasons.get(mine.spec.operator or "", "")
+    if theirs is None:
+        said = f"the roles made no proposal ({roles.no_patch_reason or 'no reason given'})"
+    else:
+        named = theirs.spec.operator or "a hand-written change"
+        said = f"the roles' proposal {theirs.id} names {named} and was {theirs.status} by the Critic"
+    mine.alternative = (f"The engine's alternative: {said}. The best-ranked repair still open for this cluster "
+                        f"is {operator}{f' ({why})' if why else ''}. Each is screened alone on the batch "
+                        "before validation.")
+    mine.transcript.insert(0, RoleMessage(1, "proposer", "check", ENGINE, mine.alternative))
+    return mine
 
 
 def report_of(rec: DiagnosisRecord) -> DiagnosisReport:
@@ -350,9 +424,8 @@ def _render(report: DiagnosisReport, transcripts: bool) -> str:
     lines += [f"note: {n}" for n in report.notes]
     lines += ["", "CLUSTERS (by priority)"]
     for rank, c in enumerate(report.clusters, start=1):
-        outcome = report.outcomes.get(c.id, {})
-        patch = (f"proposal {outcome['proposal_id']} ({outcome.get('status')})" if outcome.get("proposal_id")
-                 else outcome.get("no_patch_reason") or NO_PATCH.get(c.verdict, ""))
+        outcome = report.outcomes.get(c.id)
+        patch = report.patch(c.id).text() if outcome else NO_PATCH.get(c.verdict, "")
         lines += [f"{rank:>2}. {c.id} [{c.verdict}] systematicity {c.systematicity:.2f} — {c.label}",
                   f"    {c.size} failures on {len(c.instances)} instances; categories: {_counts(c.categories)}; "
                   f"models: {_counts(c.models)}",
@@ -367,10 +440,11 @@ def _render(report: DiagnosisReport, transcripts: bool) -> str:
 def _render_proposal(p: Proposal, transcripts: bool) -> list[str]:
     s = p.spec
     lines = [f"{p.id} for {p.cluster_id}: {p.status.upper()} after {p.rounds} round(s)"
-             + (f" — operator {s.operator}" if s.operator else ""),
-             f"  targets: {', '.join(s.target_files)}", f"  change: {s.change}", f"  root cause: {s.root_cause}",
-             f"  expected effect: {s.expected_effect}", f"  risk: {s.risk}", f"  scope: {s.scope}",
-             f"  outcome: {p.reason}"]
+             + (f" — operator {s.operator}" if s.operator else "")]
+    lines += [f"  {p.alternative}"] if p.alternative else []
+    lines += [f"  targets: {', '.join(s.target_files)}", f"  change: {s.change}", f"  root cause: {s.root_cause}",
+              f"  expected effect: {s.expected_effect}", f"  risk: {s.risk}", f"  scope: {s.scope}",
+              f"  outcome: {p.reason}"]
     lines += [f"  check {c.name}: {'ok' if c.ok else 'FAILED'} — {c.detail}" for c in p.checks]
     for d in p.diffs:
         lines += ["  " + line for line in d.unified.rstrip("\n").splitlines()]

@@ -473,7 +473,8 @@ class Evolver:
                                     max_rounds=cfg.max_rounds, previous_clusters=self._previous_clusters(evo),
                                     backend_factory=self.svc.backend, limits=self.svc.limits(),
                                     only_instances=scope, max_proposals=plan.max_proposals(scope),
-                                    history=self._history(evo), budget=budget, passes=cfg.passes)
+                                    history=self._history(evo), budget=budget, passes=cfg.passes,
+                                    alternatives=plan.screens)
         report.stats["scope"] = scope
         rec = diagnosis.store_report(self.store, report)
         evo.result.setdefault("diagnoses", []).append(rec.id)
@@ -685,14 +686,14 @@ class Evolver:
         return runs[0].harness_version if runs and runs[0] is not None else None
 
     def _cluster_instances(self, cur: dict[str, Any], pid: str) -> set[str]:
-        """The instances of every cluster whose repair is this proposal (clusters that want the
-        same repair share one)."""
+        """The instances of every cluster whose repair is this proposal, as the roles' proposal or the
+        engine's alternative (clusters that want the same repair share one)."""
         out: set[str] = set()
         for did in cur.get("diagnosis_ids") or [cur.get("diagnosis_id", "")]:
             rec = self.store.get_diagnosis(did)
             for c in (rec.report.get("clusters", []) if rec else []):
                 patch = c.get("patch") or {}
-                if patch.get("proposal_id") == pid:
+                if pid in (patch.get("proposal_id"), patch.get("alternative_id")):
                     out |= set(c.get("instances", []))
         return out
 

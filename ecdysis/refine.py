@@ -57,6 +57,8 @@ class Proposal:
     objections: list[str]
     transcript: list[RoleMessage]
     reason: str
+    # Set on the engine's own pick drafted beside the roles' proposal for the same cluster: why.
+    alternative: str = ""
 
     @property
     def files(self) -> dict[str, str]:
@@ -70,7 +72,8 @@ class Proposal:
         return {"id": self.id, "cluster_id": self.cluster_id, "status": self.status, "reason": self.reason,
                 "spec": self.spec.to_json(), "base_harness": self.base_harness, "rounds": self.rounds,
                 "diffs": [d.to_json() for d in self.diffs], "checks": [c.to_json() for c in self.checks],
-                "objections": list(self.objections), "transcript": [m.to_json() for m in self.transcript]}
+                "objections": list(self.objections), "transcript": [m.to_json() for m in self.transcript],
+                **({"alternative": self.alternative} if self.alternative else {})}
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "Proposal":
@@ -80,7 +83,8 @@ class Proposal:
             spec=ModificationSpec.from_json(data["spec"]), diffs=[FileDiff.from_json(d) for d in data["diffs"]],
             base_harness=data["base_harness"], rounds=int(data["rounds"]),
             checks=[CheckResult(**c) for c in data.get("checks", [])], objections=list(data.get("objections", [])),
-            transcript=[RoleMessage.from_json(m) for m in data.get("transcript", [])], reason=data.get("reason", ""))
+            transcript=[RoleMessage.from_json(m) for m in data.get("transcript", [])], reason=data.get("reason", ""),
+            alternative=str(data.get("alternative") or ""))
 
     def to_record(self, diagnosis_id: str, created_at: float = 0.0) -> ProposalRecord:
         """The storable form (`Store.save_proposal`); rejected proposals are stored as rejected."""
@@ -89,7 +93,8 @@ class Proposal:
             spec=self.spec.to_json(), files=self.files,
             status="pending" if self.status == "endorsed" else "rejected",
             data={k: v for k, v in self.to_json().items() if k in ("diffs", "checks", "objections",
-                                                                  "transcript", "reason", "rounds", "status")},
+                                                                  "transcript", "reason", "rounds", "status",
+                                                                  "alternative")},
             created_at=created_at)
 
 

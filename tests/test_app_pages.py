@@ -921,3 +921,46 @@ def test_a_scoring_call_shows_its_options_and_scores_not_a_reply(ecdysis_home: P
     table = next(d.value for d in at.dataframe if "log-probability" in d.value.columns)
     assert list(table["option"]) == ["Answer: True", "Answer: False"]
     assert list(table["log-probability"]) == ["-20.000", "0.000"]
+
+
+def test_the_engines_alternative_reads_as_such_on_the_diagnoses_and_review_pages(ecdysis_home: Path,
+                                                                                   svc: Service) -> None:
+    """A role model that names one repair by habit: the cluster's conversation shows the roles'
+    specification and then the engine's alternative with why it was drafted, and the Review page
+    labels the alternative and says the same above its patch."""
+    import json
+    register_models()
+    spec = {"target_files": ["harness.py", "harness.toml"], "change": "c", "root_cause": "r", "expected_effect": "e", "risk": "k",
+            "scope": "any task"}
+    register_backend(ScriptedBackend([
+        Rule(match="Attributor said:", text=json.dumps({"operator": "retry_unparsable", "spec": spec,
+                                                        "replies": []})),
+        Rule(match="Hard checks:", text=json.dumps({"decision": "accept", "objections": []})),
+        Rule(match="Investigator said:", text=json.dumps({"verdict": "harness-level", "reason": "both models",
+                                                          "cross_instance": "10", "cross_model": "2 of 2"})),
+        Rule(match="Harness files (version", text=json.dumps({"root_cause": "r", "component": "harness.py",
+                                                              "evidence": ["e"]}))], model_id="habit-app"))
+    runs = [svc.run(RunRequest(suite="reasoning-mix", model=m, limit=10)).run_id for m in ("alpha", "beta")]
+    record = svc.diagnose(runs, role_backend="habit-app")
+    report = views.report_of(record)
+    cluster = next(c for c in report.clusters if report.patch(c.id).alternative_id)
+    theirs, mine = report.proposal_for(cluster.id), report.alternative_for(cluster.id)
+    assert theirs.spec.operator == "retry_unparsable" and mine.spec.operator != theirs.spec.operator
+    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.session_state["_remember:diagnosis"] = record.id
+    at.session_state[f"_remember:cluster:{record.id}"] = cluster.id
+    at.run()
+    at.switch_page("../pages/3_diagnoses.py").run()
+    assert_clean(at)
+    page = texts(at)
+    assert f"**Final modification specification** — proposal `{theirs.id}`" in page
+    assert f"**The engine's alternative** — proposal `{mine.id}`" in page
+    assert "names retry_unparsable and was endorsed by the Critic" in page
+    assert "Review these proposals" in [e.proto.label for e in at.get("page_link")]
+    at.session_state["_remember:proposal"] = mine.id
+    at.switch_page("../pages/4_review.py").run()
+    assert_clean(at)
+    picker = by_label(at.selectbox, "Proposal")
+    assert picker.value == mine.id and "the engine's alternative" in picker.format_func(mine.id)
+    assert "the engine's alternative" not in picker.format_func(theirs.id)
+    assert "The engine's alternative: the roles' proposal" in texts(at)

@@ -522,3 +522,68 @@ def test_a_proposal_the_critic_refused_does_not_use_up_a_scopes_limit() -> None:
     assert refused.status == "rejected" and refused.cluster_id == report.clusters[0].id
     assert endorsed.status == "endorsed" and endorsed.cluster_id == report.clusters[1].id
     assert len(report.clusters) == 2
+
+
+def test_the_engine_drafts_its_own_pick_beside_a_role_models_other_repair() -> None:
+    """A small role model names a repair by habit (Qwen 1.5B named the answer-format instruction on
+    every cluster of closed answers, `bench/proposer_picks.py`). When the roles end on another
+    repair than the engine's pick, the engine drafts its pick too, as a second proposal for the
+    same cluster, marked as the engine's with the reason; both go to the human gate. The same pick,
+    heuristic roles, a per-instance scope or a proposal limit draft none."""
+    store = MemoryStore()
+    other = {"operator": "answer_format_instruction", "replies": [],
+             "spec": {**SPEC, "target_files": ["system.md"]}}
+    report = run_diagnosis(store, role_backend=scripted_roles(other), passes=1)
+    c1 = report.clusters[0]
+    theirs, mine = report.proposals
+    assert theirs.spec.operator == "answer_format_instruction" and theirs.status == "endorsed"
+    assert mine.spec.operator == "answer_extraction" and mine.status == "endorsed" and mine.cluster_id == c1.id
+    assert report.proposal_for(c1.id) is theirs and report.alternative_for(c1.id) is mine
+    assert report.patch(c1.id).alternative_id == mine.id and not theirs.alternative
+    assert f"the roles' proposal {theirs.id} names answer_format_instruction and was endorsed" in mine.alternative
+    assert "best-ranked repair still open for this cluster is answer_extraction" in mine.alternative
+    first = mine.transcript[0]
+    assert (first.role, first.kind, first.backend, first.text) == ("proposer", "check", "engine", mine.alternative)
+    assert [m.backend for m in mine.transcript if m.kind == "output"] == ["heuristic"] * 4
+    assert all(m.backend != "heuristic" for m in theirs.transcript if m.kind == "output")
+    # Stored, reloaded and rendered: the reviewer sees both, and which one is the engine's.
+    data = json.loads(json.dumps(report.to_json()))
+    again = DiagnosisReport.from_json(data)
+    assert again.to_json() == data and again.alternative_for(c1.id).alternative == mine.alternative
+    assert f"proposal {theirs.id} (endorsed); the engine's alternative: proposal {mine.id}" in report.render_text()
+    records = {p.id: p for p in (theirs.to_record(report.id), mine.to_record(report.id))}
+    assert records[mine.id].status == records[theirs.id].status == "pending"
+    assert records[mine.id].data["alternative"] == mine.alternative and "alternative" not in records[theirs.id].data
+
+    assert len(run_diagnosis(MemoryStore(), role_backend=scripted_roles(other), passes=1,
+                             alternatives=False).proposals) == 1
+    same = {"operator": "answer_extraction", "replies": [], "spec": SPEC}
+    agreed = run_diagnosis(MemoryStore(), role_backend=scripted_roles(same), passes=1)
+    assert [p.spec.operator for p in agreed.proposals] == ["answer_extraction"]
+    assert agreed.patch(c1.id).alternative_id is None
+    assert len(run_diagnosis(MemoryStore(), passes=1).proposals) == 1  # heuristic roles: the pick is the engine's
+    limited = run_diagnosis(MemoryStore(), role_backend=scripted_roles(other), passes=1, max_proposals=1)
+    assert [p.spec.operator for p in limited.proposals] == ["answer_format_instruction"]
+
+
+def test_the_engine_alternative_does_not_overrule_the_role_models_veto_but_stands_in_for_a_refusal() -> None:
+    """The model's Attributor may judge a cluster model-specific: no patch, and no engine pick
+    either. A Critic that refuses the roles' draft for a failed check leaves the engine's pick as
+    the cluster's one endorsed repair."""
+    veto = ScriptedBackend(model_id="scripted-roles", queue=[
+        json.dumps({"root_cause": "r", "component": "harness.py", "evidence": ["e"]}),
+        json.dumps({"verdict": "model-specific", "reason": "alpha's habit", "cross_instance": "15",
+                    "cross_model": "alpha only"})])
+    report = run_diagnosis(MemoryStore(), role_backend=veto, passes=1)
+    assert report.proposals == [] and "the Attributor judged it model-specific" in report.patch("c1").text()
+    question = "Maria has 11 marbles and wins 23 more"
+    cheat = {"spec": SPEC, "edits": [{"path": "harness.py", "find": "def solve(task, model, harness):\n",
+                                      "replace": "def solve(task, model, harness):\n"
+                                                 f"    if {question!r} in task['input']:\n"
+                                                 "        return '34'\n"}]}
+    report = run_diagnosis(MemoryStore(), role_backend=scripted_roles(cheat), max_rounds=1, passes=1)
+    refused, mine = report.proposals
+    assert refused.status == "rejected" and mine.status == "endorsed"
+    assert mine.spec.operator == "answer_extraction"
+    assert f"the roles' proposal {refused.id} names a hand-written change and was rejected" in mine.alternative
+    assert report.patch("c1").text() == f"proposal {refused.id} (rejected); the engine's alternative: proposal {mine.id}"

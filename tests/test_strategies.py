@@ -667,3 +667,54 @@ def test_a_validation_the_budget_cannot_finish_is_not_started(world) -> None:
     step = row.steps[0]
     assert step.candidate and not row.rolled_back
     assert svc.store.get_harness(step.candidate).status == "kept"  # "pi" validated and kept it
+
+
+def habit_roles(model_id: str, operator: str) -> ScriptedBackend:
+    """A role model that finds every cluster harness-level, names `operator` for each and accepts
+    every draft: a small Proposer's habit, whatever the evidence."""
+    spec = {"target_files": ["harness.py", "harness.toml"], "change": "c", "root_cause": "r",
+            "expected_effect": "e", "risk": "k", "scope": "any task whose reply misses the answer"}
+    # Each role's prompt shows what the earlier roles said: the first match decides who is asked.
+    roles = ScriptedBackend([
+        Rule(match="Attributor said:", text=json.dumps({"operator": operator, "spec": spec, "replies": []})),
+        Rule(match="Hard checks:", text=json.dumps({"decision": "accept", "objections": []})),
+        Rule(match="Investigator said:",
+             text=json.dumps({"verdict": "harness-level", "reason": "both halves", "cross_instance": "6",
+                              "cross_model": "one model"})),
+        Rule(match="Harness files (version",
+             text=json.dumps({"root_cause": "r", "component": "harness.py", "evidence": ["e"]}))],
+        model_id=model_id)
+    register_backend(roles)
+    return roles
+
+
+def test_the_engines_pick_is_screened_beside_the_role_models_and_kept_when_it_alone_gains(world) -> None:
+    """The role model names the re-ask repair for every cluster; on the cluster whose replies hold
+    the answer below a first line of prose, the engine's pick is answer extraction. Ecdysis screens
+    both alone: the re-ask gains nothing and goes no further, the extraction is validated and kept.
+    The per-instance search, one proposal a scope and no screen, gets no alternative."""
+    svc, suite, _ = world
+    habit_roles("habit-roles", "retry_unparsable")
+    evolver = Evolver(svc)
+    evo = evolver.run(evolver.create(config(suite, role_backend="habit-roles", auto_approve=True)).id)
+    row = evo.iterations[0]
+    fate = {h["operator"]: h["outcome"] for h in row["history"]}
+    assert fate == {"answer_extraction": "kept", "retry_unparsable": "screened_out"}, row["history"]
+    records = [p for d in evo.result["diagnoses"] for p in svc.store.list_proposals(diagnosis_id=d)]
+    engine = [p for p in records if p.data.get("alternative")]
+    assert [p.spec["operator"] for p in engine] == ["answer_extraction"]
+    assert "names retry_unparsable and was endorsed" in engine[0].data["alternative"]
+    theirs = [p for p in records if p.spec["operator"] == "retry_unparsable"]
+    assert theirs and all(any((m["role"], m["kind"], m["backend"]) == ("proposer", "output", "llm:habit-roles")
+                              for m in p.data["transcript"]) for p in theirs)
+    report = svc.get_diagnosis(row["diagnosis_id"]).report
+    patches = [c["patch"] for c in report["clusters"] if c["patch"].get("alternative_id")]
+    assert [p["alternative_id"] for p in patches] == [engine[0].id]
+    assert evo.current_version != evo.base_version
+
+    habit_roles("habit-roles-2", "retry_unparsable")
+    baseline = Evolver(svc)
+    base = baseline.run(baseline.create(config(suite, role_backend="habit-roles-2", auto_approve=True,
+                                               strategy="per-instance")).id)
+    made = [p for d in base.result["diagnoses"] for p in svc.store.list_proposals(diagnosis_id=d)]
+    assert made and not any(p.data.get("alternative") for p in made)
