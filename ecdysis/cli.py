@@ -193,14 +193,15 @@ def proposals(diagnosis: Optional[str] = typer.Option(None, help="only this diag
               as_json: bool = typer.Option(False, "--json")) -> None:
     """List stored proposals and their gate status."""
     rows = [{"id": p.id, "diagnosis": p.diagnosis_id, "cluster": p.cluster_id, "status": p.status,
-             "operator": p.spec.get("operator"), "files": sorted(p.files), "change": p.spec.get("change", "")}
+             "operator": p.spec.get("operator"), "files": sorted(p.files), "change": p.spec.get("change", ""),
+             "by": "engine" if p.data.get("alternative") else "roles", "alternative": p.data.get("alternative")}
             for p in _service().proposals(diagnosis_id=diagnosis, status=status)]
     if as_json:
         _emit_json(rows)
         return
-    table = Table("id", "diagnosis", "cluster", "status", "operator", "change")
+    table = Table("id", "diagnosis", "cluster", "status", "by", "operator", "change")
     for r in rows:
-        table.add_row(r["id"], r["diagnosis"], r["cluster"], r["status"], escape(str(r["operator"])),
+        table.add_row(r["id"], r["diagnosis"], r["cluster"], r["status"], r["by"], escape(str(r["operator"])),
                       escape(str(r["change"])[:80]))
     out.print(table if rows else "no proposals yet: run `ecdysis diagnose RUN_ID`")
 

@@ -158,3 +158,35 @@ def test_light_commands_do_not_import_the_clustering_stack() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_engines_alternative_is_listed_as_the_engines_by_diagnose_and_proposals(tmp_path: Path) -> None:
+    """LLM roles (a scripted model file) that name the re-ask repair for every cluster: the report
+    says which proposal is the engine's alternative and why, and `proposals` marks it `engine`."""
+    home = {"ECDYSIS_HOME": str(tmp_path / "home")}
+    subject = tmp_path / "subject.json"
+    subject.write_text(json.dumps({"default": "Sure! Here is my answer: 42\nI hope this helps."}))
+    spec = {"target_files": ["harness.py", "harness.toml"], "change": "c", "root_cause": "r",
+            "expected_effect": "e", "risk": "k", "scope": "any task"}
+    roles = tmp_path / "roles.json"
+    roles.write_text(json.dumps({"rules": [
+        {"match": "Attributor said:", "text": json.dumps({"operator": "retry_unparsable", "spec": spec, "replies": []})},
+        {"match": "Hard checks:", "text": json.dumps({"decision": "accept", "objections": []})},
+        {"match": "Investigator said:", "text": json.dumps({"verdict": "harness-level", "reason": "r",
+                                                            "cross_instance": "c", "cross_model": "m"})},
+        {"match": "Harness files (version", "text": json.dumps({"root_cause": "r", "component": "harness.py",
+                                                                "evidence": ["e"]})}]}))
+    run = ecdysis("run", "--suite", "reasoning-mix", "--model", f"scripted:{subject}", "--limit", "10", "--json",
+                  env_extra=home)
+    assert run.returncode == 0, run.stderr
+    said = ecdysis("diagnose", json.loads(run.stdout)["run_id"], "--roles", f"scripted:{roles}", env_extra=home)
+    assert said.returncode == 0, said.stderr
+    listed = json.loads(ecdysis("proposals", "--json", env_extra=home).stdout)
+    engine = [p for p in listed if p["by"] == "engine"]
+    assert engine and all(p["operator"] != "retry_unparsable" for p in engine), listed
+    assert any(p["by"] == "roles" and p["operator"] == "retry_unparsable" for p in listed)
+    text = " ".join(said.stdout.split())
+    assert f"the engine's alternative: proposal {engine[0]['id']}" in text
+    assert "names retry_unparsable and was endorsed by the Critic" in engine[0]["alternative"]
+    table = ecdysis("proposals", env_extra=home).stdout
+    assert "engine" in table and "roles" in table

@@ -69,3 +69,40 @@ def test_llm_roles_on_a_real_small_model_never_break_the_diagnosis(batch, artifa
     # Whatever the small model wrote, every role produced a schema-valid output (its own or the fallback's).
     outputs = {(m["round"], m["role"]) for m in messages if m["kind"] == "output"}
     assert (1, "investigator") in outputs and (1, "attributor") in outputs
+
+
+def test_the_engines_alternative_is_drafted_and_smoke_run_on_a_real_model(batch, artifacts: Path) -> None:
+    """Roles that name one repair by habit (scripted: what a small role model does, measured in
+    `bench/proposer_picks.py`) on the real batch: every harness-level cluster whose roles' repair
+    is not the engine's pick also gets the engine's pick, drafted by the deterministic roles and
+    smoke-run on SmolLM2 like any proposal; it applies to the harness and loads."""
+    from ecdysis.models.scripted import Rule, ScriptedBackend
+    svc, run_ids = batch
+    spec = {"target_files": ["harness.toml"], "change": "c", "root_cause": "r", "expected_effect": "e",
+            "risk": "k", "scope": "any task whose reply runs out of tokens"}
+    habit = ScriptedBackend([
+        Rule(match="Attributor said:", text=json.dumps({"operator": "output_budget", "spec": spec, "replies": []})),
+        Rule(match="Hard checks:", text=json.dumps({"decision": "accept", "objections": []})),
+        Rule(match="Investigator said:", text=json.dumps({"verdict": "harness-level", "reason": "r",
+                                                          "cross_instance": "c", "cross_model": "m"})),
+        Rule(match="Harness files (version", text=json.dumps({"root_cause": "r", "component": "harness.toml",
+                                                              "evidence": ["e"]}))], model_id="habit-real")
+    report = diagnose(svc.store, run_ids, suite_loader=svc.suite, role_backend=habit, smoke_model="smollm2",
+                      backend_factory=svc.backend, limits=svc.limits(), max_rounds=1, passes=1)
+    (artifacts / "diagnose_real_alternative.txt").write_text(report.render_text())
+    base = svc.harness(report.harness_version)
+    refined = [c for c in report.clusters if c.verdict == "harness-level"]
+    assert refined, report.render_text()
+    drafted = 0
+    for c in refined:
+        theirs, mine = report.proposal_for(c.id), report.alternative_for(c.id)
+        shared = report.patch(c.id).shared_with
+        if theirs is None and shared is None:
+            continue  # no endorsed repair of the roles' to stand beside (nor one shared with another cluster)
+        if mine is None:
+            continue  # the roles' repair is the engine's pick (or the engine has none)
+        drafted += 1
+        assert mine.status == "endorsed" and mine.alternative.startswith("The engine's alternative")
+        assert mine.spec.operator != "output_budget" and mine.apply_to(base.files).ok
+        assert next(ch for ch in mine.checks if ch.name == "loads").ok  # smoke-run on SmolLM2
+    assert drafted, report.render_text()
