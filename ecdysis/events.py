@@ -54,11 +54,15 @@ class Probed(TypedDict):
     harness_level: int
 
 
-class Refining(TypedDict):
-    """The roles start on one cluster."""
-
+class _RefiningKeys(TypedDict):
     type: Literal["refining"]
     cluster_id: str
+
+
+class Refining(_RefiningKeys, total=False):
+    """The roles start on one cluster; with `alternative`, the engine drafts its own pick for it."""
+
+    alternative: bool
 
 
 class Diagnosed(TypedDict):
