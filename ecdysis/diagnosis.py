@@ -373,11 +373,11 @@ def _engine_alternative(alternate: Refiner, cluster: Cluster, batch: _Batch, exe
         return CaseFile(cluster=cluster, files=dict(batch.harness.files), harness_version=batch.harness.id,
                         batch=batch.context, exemplars=exemplars, history=history)
     theirs = roles.proposal
-    agreed = theirs is not None and theirs.status == "endorsed"
-    if agreed and propose(fresh()).get("files") == theirs.files:  # type: ignore[union-attr]
+    endorsed = theirs if theirs is not None and theirs.status == "endorsed" else None
+    if endorsed is not None and propose(fresh()).get("files") == endorsed.files:
         return None  # the roles chose the engine's first pick: nothing to draft, no smoke run to pay
     mine = alternate.refine(fresh()).proposal
-    if mine is None or mine.status != "endorsed" or (agreed and theirs.files == mine.files):  # type: ignore[union-attr]
+    if mine is None or mine.status != "endorsed" or (endorsed is not None and endorsed.files == mine.files):
         return None
     operator = mine.spec.operator or "a hand-written change"
     why = Ranking.for_cluster(cluster).reasons.get(mine.spec.operator or "", "")

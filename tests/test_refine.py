@@ -587,3 +587,9 @@ def test_the_engine_alternative_does_not_overrule_the_role_models_veto_but_stand
     assert mine.spec.operator == "answer_extraction"
     assert f"the roles' proposal {refused.id} names a hand-written change and was rejected" in mine.alternative
     assert report.patch("c1").text() == f"proposal {refused.id} (rejected); the engine's alternative: proposal {mine.id}"
+    gave_up = run_diagnosis(MemoryStore(), role_backend=scripted_roles({"give_up": "no repair fits this cluster"}),
+                            passes=1)
+    [mine] = gave_up.proposals
+    assert gave_up.proposal_for("c1") is None and gave_up.alternative_for("c1") is mine
+    assert mine.alternative.startswith("The engine's alternative: the roles made no proposal (")
+    assert "no repair fits this cluster" in mine.alternative and mine.spec.operator == "answer_extraction"
