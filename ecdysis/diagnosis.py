@@ -341,11 +341,8 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
         if alternate is not None and not vetoed:
             emit({"type": "refining", "cluster_id": cluster.id, "alternative": True})
             alternative = _engine_alternative(alternate, cluster, batch, exemplars, history, outcome)
-            if alternative is not None:
-                placed = _place(alternative, proposals)
-                entry["alternative_id"] = placed.id
-                if placed is not alternative:
-                    entry["alternative_shared_with"] = placed.cluster_id
+            if alternative is not None:  # shared with another cluster's proposal when the patch is the same
+                entry["alternative_id"] = _place(alternative, proposals).id
         outcomes[cluster.id] = entry
     return outcomes, proposals
 
@@ -424,8 +421,7 @@ def _render(report: DiagnosisReport, transcripts: bool) -> str:
     lines += [f"note: {n}" for n in report.notes]
     lines += ["", "CLUSTERS (by priority)"]
     for rank, c in enumerate(report.clusters, start=1):
-        outcome = report.outcomes.get(c.id)
-        patch = report.patch(c.id).text() if outcome else NO_PATCH.get(c.verdict, "")
+        patch = report.patch(c.id).text() if c.id in report.outcomes else NO_PATCH.get(c.verdict, "")
         lines += [f"{rank:>2}. {c.id} [{c.verdict}] systematicity {c.systematicity:.2f} — {c.label}",
                   f"    {c.size} failures on {len(c.instances)} instances; categories: {_counts(c.categories)}; "
                   f"models: {_counts(c.models)}",

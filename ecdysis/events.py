@@ -60,7 +60,8 @@ class _RefiningKeys(TypedDict):
 
 
 class Refining(_RefiningKeys, total=False):
-    """The roles start on one cluster; with `alternative`, the engine drafts its own pick for it."""
+    """The roles start on one cluster; with `alternative`, the engine weighs drafting its own pick
+    for it (skipped when the roles chose that pick)."""
 
     alternative: bool
 
