@@ -167,7 +167,8 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
             "kept_changes": mean([sum(r.kept for r in e.rows) for e in runs]),
             "evolutions": [e.id for e in runs],
             "per_seed": {str(s): {"test_accuracy": evos[(name, s)].outcome.test_accuracy,
-                                  "curve": [p.__dict__ for p in curves[(name, s)]]}
+                                  "curve": [p.__dict__ for p in curves[(name, s)]],
+                                  "kept": kept_changes(evos[(name, s)])}
                          for s in seeds if (name, s) in evos}}
     for base in [b for b in BASELINES if b in strategies and "ecdysis" in strategies]:
         deltas, ups = [], []
@@ -183,6 +184,33 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
                                    "speedup_seconds": mean([u["seconds"] for u in ups]),
                                    "per_seed": ups}
     return out
+
+
+def kept_changes(evo: Any) -> list[str]:
+    """The changes an evolution kept, in the order its gate passed them: a step's operators, joined
+    by "+" when they were validated together (Self-Evolution's composed edit)."""
+    return ["+".join(c.operator or c.proposal_id for c in step.changes)
+            for row in evo.rows for step in row.steps or () if step.kept]
+
+
+def per_seed_rows(block: dict[str, Any]) -> list[str]:
+    """A row per seed and strategy: what each evolution ended on and spent, and what it kept. The
+    calls and model seconds are its curve's last point (charged to training; the sealed test is
+    not). Results files written before the kept changes were recorded say "not recorded"."""
+    rows = ["| seed | strategy | test accuracy | final validation | calls | model s | kept |",
+            "|---:|---|---:|---:|---:|---:|---|"]
+    for seed in block["seeds"]:
+        for name, st in block["strategies"].items():
+            got = st.get("per_seed", {}).get(str(seed))
+            if not got:
+                continue
+            end = got["curve"][-1]
+            kept = got.get("kept")
+            said = "not recorded" if kept is None else (", ".join(f"`{k}`" for k in kept) or "nothing")
+            test = "—" if got["test_accuracy"] is None else f"{got['test_accuracy']:.3f}"
+            rows.append(f"| {seed} | {name} | {test} | {end['val_accuracy']:.3f} | {end['calls']} | "
+                        f"{end['seconds']:.0f} | {said} |")
+    return rows
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -213,6 +241,8 @@ def markdown(result: dict[str, Any]) -> str:
                              f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]; speedup to its final validation "
                              f"accuracy **{_x(cmp['speedup_calls'])}** in calls, **{_x(cmp['speedup_seconds'])}** "
                              f"in model seconds" + _why(cmp))
+            if len(block["seeds"]) > 1:
+                lines += ["", "Per seed:", "", *per_seed_rows(block)]
     return "\n".join(lines) + "\n"
 
 
@@ -249,12 +279,34 @@ def carried_over(path: Path, rerun: Sequence[str], roles_measured: Sequence[str]
     return {suite: per for suite, per in kept.items() if per}
 
 
-def rerender(path: Path) -> str:
-    """The Markdown table of a stored results JSON (after a benchmark was stopped by hand)."""
+def rerender(path: Path, store: Any = None) -> str:
+    """The Markdown table of a stored results JSON (after a benchmark was stopped by hand). Given
+    the store that holds its evolutions, a file written before the kept changes were recorded per
+    seed gets them from there (each strategy lists its evolutions in the order of its seeds), and
+    the JSON is written back; nothing else in it changes."""
     result = json.loads(path.read_text())
+    if store is not None and backfill_kept(result, store):
+        path.write_text(json.dumps(result, indent=2) + "\n")
     table = markdown(result)
     path.with_suffix(".md").write_text(table)
     return table
+
+
+def backfill_kept(result: dict[str, Any], store: Any) -> int:
+    """Fill each per-seed entry that has no "kept" from its stored evolution; how many were filled.
+    An evolution the store does not hold leaves its entry as it was."""
+    filled = 0
+    for per in result.get("suites", {}).values():
+        for block in per.values():
+            for st in block["strategies"].values():
+                seeds = [s for s in map(str, block["seeds"]) if s in st.get("per_seed", {})]
+                for seed, evolution_id in zip(seeds, st.get("evolutions", [])):
+                    entry = st["per_seed"][seed]
+                    evo = None if "kept" in entry else store.get_evolution(evolution_id)
+                    if evo is not None:
+                        entry["kept"] = kept_changes(evo)
+                        filled += 1
+    return filled
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -282,7 +334,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="an earlier results file whose blocks this run does not measure (other suites, "
                              "or other roles of the same suite) are carried over, each with the date and "
                              "machine it was measured on (rerun one suite, or the heuristic rows, keep the rest)")
+    parser.add_argument("--rerender", default=None, metavar="JSON",
+                        help="only write the Markdown table of this results file again (with --home, first "
+                             "fill in the kept changes of a file written before they were recorded)")
     args = parser.parse_args(argv)
+    if args.rerender:
+        store = None
+        if args.home:
+            os.environ["ECDYSIS_HOME"] = args.home
+            os.environ.pop("ECDYSIS_DATABASE_URL", None)
+            from ecdysis.settings import Settings
+            from storage import open_store
+            store = open_store(Settings.from_env().database_url)
+        print(rerender(Path(args.rerender), store), end="")
+        return 0
     if args.quick:
         args.seeds, args.iterations, args.batch_size, args.val_limit, args.test_limit = 2, 1, 6, 6, 6
         args.budget, args.llm_roles = 200, ""

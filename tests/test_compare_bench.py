@@ -36,7 +36,28 @@ def test_quick_benchmark_writes_the_documented_figures(tmp_path: Path, monkeypat
         cmp = result["comparison"][base]
         assert set(cmp) >= {"speedup_calls", "speedup_seconds", "test_delta_points"}
         assert set(cmp["test_delta_points"]) == {"mean", "ci95"}
-    assert "| ecdysis |" in (out / "compare_strategies.md").read_text()
+    table = (out / "compare_strategies.md").read_text()
+    assert "| ecdysis |" in table
+    # Per seed: what each evolution kept, in the order its gate passed it, and a row that says so.
+    for seed in ("1", "2"):
+        kept = ours["per_seed"][seed]["kept"]
+        assert kept and all(k for k in kept)
+        assert f"| {seed} | ecdysis | 1.000 | 1.000 |" in table
+        assert ", ".join(f"`{k}`" for k in kept) in table
+    # A results file written before the kept changes were recorded: --rerender says so, and with
+    # the data folder that holds its evolutions fills them in, leaving the rest of the file alone.
+    old = tmp_path / "old.json"
+    stripped = json.loads(json.dumps(result))
+    for st in stripped["suites"]["arithmetic"]["heuristic"]["strategies"].values():
+        for entry in st["per_seed"].values():
+            del entry["kept"]
+    old.write_text(json.dumps(stripped))
+    assert compare_strategies.main(["--rerender", str(old)]) == 0
+    assert "| 1 | ecdysis | 1.000 | 1.000 |" in old.with_suffix(".md").read_text()
+    assert "not recorded" in old.with_suffix(".md").read_text()
+    assert compare_strategies.main(["--rerender", str(old), "--home", str(tmp_path / "home")]) == 0
+    assert json.loads(old.read_text()) == result
+    assert old.with_suffix(".md").read_text() == table
     # A rerun on the same data folder finds every evolution finished and runs nothing again.
     before = (out / "compare_strategies.json").read_text()
     assert compare_strategies.main(["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}",
