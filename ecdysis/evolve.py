@@ -454,10 +454,16 @@ class Evolver:
             tried += [i for scope in cur["scopes"] if scope for i in scope if i not in tried]
             self._save(evo)  # the instances are marked tried before a diagnosis of them can be stored
         done: dict[str, str] = cur.setdefault("diagnosed", {})
-        for n, scope in enumerate(cur["scopes"]):
+        scopes = cur["scopes"]
+        for n, scope in enumerate(scopes):
             if str(n) in done:
                 continue
             adopted = self._adopt_diagnosis(evo, cur, scope)
+            if adopted is None and (short := self._diagnoses_unaffordable(evo, cfg, budget, len(scopes) - n)):
+                # A per-instance strategy diagnoses every failure before one validation: roles that
+                # no validation can follow would be spent for nothing.
+                raise BudgetExceeded(f"iteration {cur['iteration']} stopped before diagnosis {n + 1} of "
+                                     f"{len(scopes)}: {short}")
             done[str(n)] = adopted if adopted is not None else self._diagnose(evo, cfg, run_ids, scope, plan, budget)
             self._save_cursor_only(cur)
         ids = [done[str(n)] for n in range(len(cur["scopes"]))]
@@ -783,22 +789,59 @@ class Evolver:
     def _iteration_unaffordable(self, evo: EvolutionRecord, cfg: EvolveConfig, budget: CallBudget,
                                 version: HarnessVersion, batch: list[Instance]) -> str | None:
         """Why the budget left cannot pay for an iteration that could change anything, or None: its
-        train batch, then the validation of a candidate (the parent's validation unless this
+        train batch, one diagnosis at the fewest calls an earlier iteration's diagnoses took (none
+        before the first), then the validation of a candidate (the parent's validation unless this
         evolution paid for it already, and a new version's at the parent's calls per instance).
-        Roles and screening come on top, so this is the least such an iteration costs."""
+        Further diagnoses (`_diagnoses_unaffordable`, once the batch shows how many) and screening
+        come on top, so this is the least such an iteration costs."""
         if budget.max_calls is None:
             return None
+        rate, validation, val = self._validation_cost(evo, cfg, budget, version)
+        train = self._runs_cost(version, [i.id for i in batch], rate, cfg, budget)
+        diagnosis = self._calls_per_diagnosis(evo) or 0.0
+        left = budget.max_calls - budget.calls
+        if train + diagnosis + validation <= left:
+            return None
+        roles = f", a diagnosis (at least {diagnosis:.0f})" if diagnosis else ""
+        return (f"its batch ({train:.0f}){roles} and the validation of one change ({validation:.0f}: {val} "
+                f"instances x {len(cfg.models)} model(s) at {rate:.2f} calls each) would need about "
+                f"{train + diagnosis + validation:.0f} model calls, and {left} are left of the budget")
+
+    def _diagnoses_unaffordable(self, evo: EvolutionRecord, cfg: EvolveConfig, budget: CallBudget,
+                                remaining: int) -> str | None:
+        """Why the budget left cannot pay for this iteration's remaining diagnoses and then one
+        validation, or None: each diagnosis at the fewest calls (roles and smoke runs) an earlier
+        iteration's diagnoses took, so before the first iteration's roles have run there is no
+        estimate and nothing is stopped. A strategy that diagnoses every failing instance before it
+        validates (Self-Evolution) would otherwise spend its roles on a change nobody can judge."""
+        per = self._calls_per_diagnosis(evo)
+        if budget.max_calls is None or per is None:
+            return None
+        rate, validation, val = self._validation_cost(evo, cfg, budget, self.svc.harness(evo.current_version))
+        need, left = remaining * per + validation, budget.max_calls - budget.calls
+        if need <= left:
+            return None
+        return (f"{remaining} diagnos{'is' if remaining == 1 else 'es'} left (at least {per:.0f} model calls "
+                f"each, the fewest an earlier iteration's took) and the validation of one change "
+                f"({validation:.0f}: {val} instances x {len(cfg.models)} model(s) at {rate:.2f} calls each) "
+                f"would need about {need:.0f} model calls, and {left} are left of the budget")
+
+    @staticmethod
+    def _calls_per_diagnosis(evo: EvolutionRecord) -> float | None:
+        """The fewest model calls per diagnosis that any finished iteration of this evolution spent
+        (its diagnose phase over its diagnoses), or None before one has finished."""
+        rates = [row["calls_by_phase"]["diagnose"] / len(row["diagnosis_ids"]) for row in evo.iterations
+                 if "diagnose" in (row.get("calls_by_phase") or {}) and row.get("diagnosis_ids")]
+        return min(rates) if rates else None
+
+    def _validation_cost(self, evo: EvolutionRecord, cfg: EvolveConfig, budget: CallBudget,
+                         version: HarnessVersion) -> tuple[float, float, int]:
+        """The calls per instance assumed for a candidate (the parent's measured rate, else 1), the
+        calls one validation against `version` would charge, and its number of instances."""
         measured = self._measured_rate(version.id)
         rate = 1.0 if measured is None else measured
         val = [i.id for i in self._val_instances(evo, cfg, "validation", cfg.val_limit)]
-        train = self._runs_cost(version, [i.id for i in batch], rate, cfg, budget)
-        validation = self._runs_cost(version, val, rate, cfg, budget) + len(val) * len(cfg.models) * rate
-        left = budget.max_calls - budget.calls
-        if train + validation <= left:
-            return None
-        return (f"its batch ({train:.0f}) and the validation of one change ({validation:.0f}: {len(val)} "
-                f"instances x {len(cfg.models)} model(s) at {rate:.2f} calls each) would need about "
-                f"{train + validation:.0f} model calls, and {left} are left of the budget")
+        return rate, self._runs_cost(version, val, rate, cfg, budget) + len(val) * len(cfg.models) * rate, len(val)
 
     def _measured_rate(self, version_id: str) -> float | None:
         """Calls per instance of this version in the finished runs stored for it (an earlier

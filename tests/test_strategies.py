@@ -10,6 +10,7 @@ model answer "I do not know." everywhere)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -316,16 +317,59 @@ def test_an_iteration_the_budget_cannot_validate_is_not_started(world) -> None:
     first = Evolver(svc, reviewer=plant_bad(svc))
     one = first.run(first.create(config(suite, label="one iteration", charge_cached=True)).id)
     spent = one.result["spent"]["calls"]
-    # Iteration 2 needs its batch (12 calls) and a candidate's validation (12; the parent's is paid).
+    # Iteration 2 needs its batch (12 calls), a diagnosis at the calls iteration 1's took (its
+    # smoke runs) and a candidate's validation (12; the parent's is paid).
+    row = one.iterations[0]
+    per = row["calls_by_phase"]["diagnose"] / len(row["diagnosis_ids"])
+    assert per == int(per) > 0
+    need = 12 + int(per) + 12
     evolver = Evolver(svc, reviewer=plant_bad(svc))
-    evo = evolver.run(evolver.create(config(suite, iterations=3, max_model_calls=spent + 20, charge_cached=True)).id)
+    evo = evolver.run(evolver.create(config(suite, iterations=3, max_model_calls=spent + need - 1,
+                                            charge_cached=True)).id)
     assert evo.status == "stopped", evo.result
-    assert evo.result["stopped"].startswith("iteration 2 not started: its batch (12) and the validation of one "
-                                            "change (12: 12 instances x 1 model(s) at 1.00 calls each) would need "
-                                            "about 24 model calls, and 20 are left"), evo.result["stopped"]
+    assert evo.result["stopped"].startswith(
+        f"iteration 2 not started: its batch (12), a diagnosis (at least {per:.0f}) and the validation of one "
+        f"change (12: 12 instances x 1 model(s) at 1.00 calls each) would need about {need} model calls, and "
+        f"{need - 1} are left"), evo.result["stopped"]
     assert evo.result["spent"]["calls"] == spent and len(evo.iterations) == 1
-    roomy = Evolver(svc, reviewer=plant_bad(svc)).run(evo.id, overrides={"max_model_calls": spent + 24})
+    roomy = Evolver(svc, reviewer=plant_bad(svc)).run(evo.id, overrides={"max_model_calls": spent + 200})
     assert len(roomy.iterations) >= 2 and roomy.iterations[1]["model_calls"] > 0
+
+
+def test_self_evolution_does_not_diagnose_failures_no_validation_could_follow(world) -> None:
+    """Self-Evolution diagnoses every failing instance before its one validation. With LLM roles on
+    the BIG-bench mixture (seed 14) its second iteration set out to diagnose 12 failures at about
+    23 calls each (roles) with 328 calls left, so no validation could have followed: about two
+    hours of role calls for nothing. Once its batch shows how many diagnoses it needs, an iteration
+    whose diagnoses (at the fewest calls an earlier iteration's took) and one validation do not fit
+    stops before them; a resume with more budget diagnoses and validates."""
+    svc, suite, _ = world
+    first = Evolver(svc)
+    one = first.run(first.create(config(suite, strategy="self-evolution", auto_approve=True, label="one",
+                                        charge_cached=True)).id)
+    spent, row = one.result["spent"]["calls"], one.iterations[0]
+    per = row["calls_by_phase"]["diagnose"] / len(row["diagnosis_ids"])
+    assert len(row["diagnosis_ids"]) > 1 and per > 0, row
+    # Enough for iteration 2's batch, one diagnosis and one validation (the check before its batch),
+    # not for the diagnoses its batch then asks for.
+    budget = spent + 12 + math.ceil(per) + 12
+    evolver = Evolver(svc)
+    evo = evolver.run(evolver.create(config(suite, strategy="self-evolution", auto_approve=True, iterations=2,
+                                            max_model_calls=budget, charge_cached=True)).id)
+    assert evo.status == "stopped" and evo.result["stopped_by"] == "calls", evo.result
+    stop = evo.result["stopped"]
+    scopes = evo.result["cursor"]["scopes"]
+    assert len(scopes) > 1
+    assert stop.startswith(f"iteration 2 stopped before diagnosis 1 of {len(scopes)}: {len(scopes)} diagnoses left "
+                           f"(at least {per:.0f} model calls each, the fewest an earlier iteration's took) and the "
+                           f"validation of one change (12: "), stop
+    # Only the batch was bought; no diagnosis of iteration 2 is stored.
+    assert evo.result["spent"]["calls"] == spent + 12 and len(evo.iterations) == 1
+    assert evo.result["cursor"]["phase"] == "diagnose" and not evo.result["cursor"].get("diagnosed")
+    assert len(evo.result["diagnoses"]) == len(row["diagnosis_ids"])
+    roomy = Evolver(svc).run(evo.id, overrides={"max_model_calls": spent + 200})
+    assert roomy.status == "done" and len(roomy.iterations) == 2
+    assert len(roomy.iterations[1]["diagnosis_ids"]) == len(scopes) and roomy.iterations[1]["steps"]
 
 
 def test_the_same_edit_made_for_several_instances_is_applied_once(world) -> None:
