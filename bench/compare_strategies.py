@@ -168,7 +168,8 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
             "evolutions": [e.id for e in runs],
             "per_seed": {str(s): {"test_accuracy": evos[(name, s)].outcome.test_accuracy,
                                   "curve": [p.__dict__ for p in curves[(name, s)]],
-                                  "kept": kept_changes(evos[(name, s)])}
+                                  "kept": kept_changes(evos[(name, s)]),
+                                  "abandoned": evos[(name, s)].result.get("abandoned")}
                          for s in seeds if (name, s) in evos}}
     for base in [b for b in BASELINES if b in strategies and "ecdysis" in strategies]:
         deltas, ups = [], []

@@ -1035,7 +1035,9 @@ class Evolver:
         if evo.status not in ("stopped", "waiting"):
             raise Conflict(f"evolution {evo.id} is {evo.status}; only a stopped one can be sealed early")
         cur = evo.result["cursor"]
-        evo.result["abandoned"] = {k: cur.get(k) for k in ("iteration", "phase")}
+        # Where it stood, and why it stopped there (the stop line without its advice to resume).
+        why = str(evo.result.get("stopped") or "").split("; resume")[0]
+        evo.result["abandoned"] = {**{k: cur.get(k) for k in ("iteration", "phase")}, "why": why}
         if cur.get("steps"):
             # Changes kept before the budget ran out are in the version tested: their iteration is
             # recorded as far as it went, so the curve shows what they gained and what they cost.

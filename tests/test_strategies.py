@@ -299,6 +299,9 @@ def test_a_stopped_evolution_can_be_sealed_where_it_stands(world) -> None:
     sealed = evolver.seal(evo.id)
     assert sealed.status == "done" and sealed.result["final_version"] == kept
     abandoned = sealed.result["abandoned"]["iteration"]
+    # Why it stopped stays with it: the stop line itself is cleared by the run that seals it.
+    assert sealed.result["abandoned"]["why"] == evo.result["stopped"].split("; resume")[0]
+    assert "budget" in sealed.result["abandoned"]["why"] and "stopped" not in sealed.result
     assert abandoned in (len(sealed.iterations), len(sealed.iterations) + 1)
     if sealed.iterations and sealed.iterations[-1].get("partial"):  # what it kept before stopping counts
         assert sealed.iterations[-1]["harness_version"] == kept
