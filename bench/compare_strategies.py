@@ -168,8 +168,7 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
             "evolutions": [e.id for e in runs],
             "per_seed": {str(s): {"test_accuracy": evos[(name, s)].outcome.test_accuracy,
                                   "curve": [p.__dict__ for p in curves[(name, s)]],
-                                  "kept": kept_changes(evos[(name, s)]),
-                                  "abandoned": evos[(name, s)].result.get("abandoned")}
+                                  **seed_facts(evos[(name, s)])}
                          for s in seeds if (name, s) in evos}}
     for base in [b for b in BASELINES if b in strategies and "ecdysis" in strategies]:
         deltas, ups = [], []
@@ -187,17 +186,21 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
     return out
 
 
-def kept_changes(evo: Any) -> list[str]:
-    """The changes an evolution kept, in the order its gate passed them: a step's operators, joined
-    by "+" when they were validated together (Self-Evolution's composed edit)."""
-    return ["+".join(c.operator or c.proposal_id for c in step.changes)
-            for row in evo.rows for step in row.steps or () if step.kept]
+def seed_facts(evo: Any) -> dict[str, Any]:
+    """What one evolution spent in all (an iteration abandoned when the budget stopped it
+    included, which its curve leaves out), the changes it kept in the order its gate passed them (a
+    step's operators joined by "+" when validated together, as Self-Evolution's composed edit is),
+    and where and why it was abandoned, if it was."""
+    return {"calls": evo.outcome.spent.calls, "seconds": round(evo.outcome.spent.seconds, 3),
+            "kept": ["+".join(c.operator or c.proposal_id for c in step.changes)
+                     for row in evo.rows for step in row.steps or () if step.kept],
+            "abandoned": evo.result.get("abandoned")}
 
 
 def per_seed_rows(block: dict[str, Any]) -> list[str]:
-    """A row per seed and strategy: what each evolution ended on and spent, and what it kept. The
-    calls and model seconds are its curve's last point (charged to training; the sealed test is
-    not). Results files written before the kept changes were recorded say "not recorded"."""
+    """A row per seed and strategy: what each evolution ended on and spent (charged to training;
+    the sealed test is not), and what it kept. Results files written before these were recorded
+    per seed show their curve's last point and say "not recorded" for the kept changes."""
     rows = ["| seed | strategy | test accuracy | final validation | calls | model s | kept |",
             "|---:|---|---:|---:|---:|---:|---|"]
     for seed in block["seeds"]:
@@ -209,8 +212,8 @@ def per_seed_rows(block: dict[str, Any]) -> list[str]:
             kept = got.get("kept")
             said = "not recorded" if kept is None else (", ".join(f"`{k}`" for k in kept) or "nothing")
             test = "—" if got["test_accuracy"] is None else f"{got['test_accuracy']:.3f}"
-            rows.append(f"| {seed} | {name} | {test} | {end['val_accuracy']:.3f} | {end['calls']} | "
-                        f"{end['seconds']:.0f} | {said} |")
+            calls, seconds = got.get("calls", end["calls"]), got.get("seconds", end["seconds"])
+            rows.append(f"| {seed} | {name} | {test} | {end['val_accuracy']:.3f} | {calls} | {seconds:.0f} | {said} |")
     return rows
 
 
@@ -282,20 +285,21 @@ def carried_over(path: Path, rerun: Sequence[str], roles_measured: Sequence[str]
 
 def rerender(path: Path, store: Any = None) -> str:
     """The Markdown table of a stored results JSON (after a benchmark was stopped by hand). Given
-    the store that holds its evolutions, a file written before the kept changes were recorded per
-    seed gets them from there (each strategy lists its evolutions in the order of its seeds), and
-    the JSON is written back; nothing else in it changes."""
+    the store that holds its evolutions, a file written before each seed's spending, kept changes
+    and stop were recorded gets them from there (each strategy lists its evolutions in the order
+    of its seeds), and the JSON is written back; nothing else in it changes."""
     result = json.loads(path.read_text())
-    if store is not None and backfill_kept(result, store):
+    if store is not None and backfill_seed_facts(result, store):
         path.write_text(json.dumps(result, indent=2) + "\n")
     table = markdown(result)
     path.with_suffix(".md").write_text(table)
     return table
 
 
-def backfill_kept(result: dict[str, Any], store: Any) -> int:
-    """Fill each per-seed entry that has no "kept" from its stored evolution; how many were filled.
-    An evolution the store does not hold leaves its entry as it was."""
+def backfill_seed_facts(result: dict[str, Any], store: Any) -> int:
+    """Fill each per-seed entry written before `seed_facts` was recorded from its stored
+    evolution; how many were filled. An evolution the store does not hold leaves its entry
+    as it was."""
     filled = 0
     for per in result.get("suites", {}).values():
         for block in per.values():
@@ -303,9 +307,9 @@ def backfill_kept(result: dict[str, Any], store: Any) -> int:
                 seeds = [s for s in map(str, block["seeds"]) if s in st.get("per_seed", {})]
                 for seed, evolution_id in zip(seeds, st.get("evolutions", [])):
                     entry = st["per_seed"][seed]
-                    evo = None if "kept" in entry else store.get_evolution(evolution_id)
+                    evo = None if "calls" in entry else store.get_evolution(evolution_id)
                     if evo is not None:
-                        entry["kept"] = kept_changes(evo)
+                        entry.update(seed_facts(evo))
                         filled += 1
     return filled
 
@@ -337,7 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "machine it was measured on (rerun one suite, or the heuristic rows, keep the rest)")
     parser.add_argument("--rerender", default=None, metavar="JSON",
                         help="only write the Markdown table of this results file again (with --home, first "
-                             "fill in the kept changes of a file written before they were recorded)")
+                             "fill in each seed's spending, kept changes and stop, for a file written before "
+                             "they were recorded)")
     args = parser.parse_args(argv)
     if args.rerender:
         store = None
@@ -363,7 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     strategies = args.strategy or list(STRATEGIES)
     svc = Service(open_store(settings.database_url), settings)
     cpu0, load0, started = cpu_counters(), load_average(), time.perf_counter()
-    result: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in ("home", "out", "keep_from")}}
+    result: dict[str, Any] = {"config": {k: v for k, v in vars(args).items()
+                                         if k not in ("home", "out", "keep_from", "rerender")}}
     measured = ["heuristic"] * bool(args.seeds) + [args.llm_roles] * bool(args.llm_roles and args.llm_roles_seeds)
     kept = carried_over(Path(args.keep_from), args.suite, measured) if args.keep_from else {}
     for suite in args.suite:
