@@ -219,9 +219,12 @@ def per_seed_rows(block: dict[str, Any]) -> list[str]:
 
 def markdown(result: dict[str, Any]) -> str:
     cfg = result["config"]
+    planned = [f"{cfg['seeds']} with heuristic roles"] * bool(cfg["seeds"]) + \
+        [f"{cfg['llm_roles_seeds']} with `{cfg['llm_roles']}` roles"] * bool(cfg.get("llm_roles") and
+                                                                          cfg.get("llm_roles_seeds"))
     lines = [f"Models {', '.join(cfg['model'])}; {cfg['iterations']} iterations, batch {cfg['batch_size']}, "
              f"validation {cfg['val_limit']}, test {cfg['test_limit']} (or the whole split if smaller), budget "
-             f"{cfg['budget']} model calls a strategy, {cfg['seeds']} seeds planned; "
+             f"{cfg['budget']} model calls a strategy; seeds planned: {', '.join(planned) or 'none'}; "
              f"{result['measured']}; load {result['machine']['load_before']}→{result['machine']['load_after']}, "
              f"CPU steal {result['machine']['steal_pct']} %."]
     for suite, per in result["suites"].items():
