@@ -460,8 +460,8 @@ class Evolver:
                 continue
             adopted = self._adopt_diagnosis(evo, cur, scope)
             if adopted is None and (short := self._diagnoses_unaffordable(evo, cfg, budget, len(scopes) - n)):
-                # A per-instance strategy diagnoses every failure before one validation: roles that
-                # no validation can follow would be spent for nothing.
+                # Self-Evolution diagnoses every failing instance before its one validation: roles
+                # that no validation can follow would be spent for nothing.
                 raise BudgetExceeded(f"iteration {cur['iteration']} stopped before diagnosis {n + 1} of "
                                      f"{len(scopes)}: {short}")
             done[str(n)] = adopted if adopted is not None else self._diagnose(evo, cfg, run_ids, scope, plan, budget)
