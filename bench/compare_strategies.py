@@ -317,6 +317,15 @@ def backfill_seed_facts(result: dict[str, Any], store: Any) -> int:
     return filled
 
 
+def home_settings(home: str) -> Any:
+    """The settings of a benchmark's data folder: its own SQLite database, whatever the
+    environment names."""
+    os.environ["ECDYSIS_HOME"] = home
+    os.environ.pop("ECDYSIS_DATABASE_URL", None)
+    from ecdysis.settings import Settings
+    return Settings.from_env()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", action="append", help="repeatable (default: reasoning-mix, bigbench:navigate)")
@@ -347,25 +356,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "fill in each seed's spending, kept changes and stop, for a file written before "
                              "they were recorded)")
     args = parser.parse_args(argv)
+    from storage import open_store
     if args.rerender:
-        store = None
-        if args.home:
-            os.environ["ECDYSIS_HOME"] = args.home
-            os.environ.pop("ECDYSIS_DATABASE_URL", None)
-            from ecdysis.settings import Settings
-            from storage import open_store
-            store = open_store(Settings.from_env().database_url)
+        store = open_store(home_settings(args.home).database_url) if args.home else None
         print(rerender(Path(args.rerender), store), end="")
         return 0
     if args.quick:
         args.seeds, args.iterations, args.batch_size, args.val_limit, args.test_limit = 2, 1, 6, 6, 6
         args.budget, args.llm_roles = 200, ""
-    os.environ["ECDYSIS_HOME"] = args.home or tempfile.mkdtemp(prefix="ecdysis-bench-")
-    os.environ.pop("ECDYSIS_DATABASE_URL", None)
+    settings = home_settings(args.home or tempfile.mkdtemp(prefix="ecdysis-bench-"))
     from ecdysis.service import Service
-    from ecdysis.settings import Settings
-    from storage import open_store
-    settings = Settings.from_env()
     args.model = args.model or list(settings.default_models)
     args.suite = args.suite or ["reasoning-mix", "bigbench:navigate"]
     strategies = args.strategy or list(STRATEGIES)

@@ -830,8 +830,8 @@ class Evolver:
     def _calls_per_diagnosis(evo: EvolutionRecord) -> float | None:
         """The fewest model calls per diagnosis that any finished iteration of this evolution spent
         (its diagnose phase over its diagnoses), or None before one has finished."""
-        rates = [row["calls_by_phase"]["diagnose"] / len(row["diagnosis_ids"]) for row in evo.iterations
-                 if "diagnose" in (row.get("calls_by_phase") or {}) and row.get("diagnosis_ids")]
+        rates = [row.calls_by_phase["diagnose"] / len(row.diagnosis_ids) for row in evo.rows
+                 if "diagnose" in row.calls_by_phase and row.diagnosis_ids]
         return min(rates) if rates else None
 
     def _validation_cost(self, evo: EvolutionRecord, cfg: EvolveConfig, budget: CallBudget,
