@@ -459,12 +459,19 @@ class Evolver:
             if str(n) in done:
                 continue
             adopted = self._adopt_diagnosis(evo, cur, scope)
-            if adopted is None and (short := self._diagnoses_unaffordable(evo, cfg, budget, len(scopes) - n)):
+            if adopted is None and (short := self._diagnoses_unaffordable(evo, cfg, cur, budget, len(scopes) - n)):
                 # Self-Evolution diagnoses every failing instance before its one validation: roles
                 # that no validation can follow would be spent for nothing.
                 raise BudgetExceeded(f"iteration {cur['iteration']} stopped before diagnosis {n + 1} of "
                                      f"{len(scopes)}: {short}")
-            done[str(n)] = adopted if adopted is not None else self._diagnose(evo, cfg, run_ids, scope, plan, budget)
+            if adopted is None:
+                before = self._spent()["calls"]
+                done[str(n)] = self._diagnose(evo, cfg, run_ids, scope, plan, budget)
+                # What each diagnosis of this iteration cost: the estimate for the ones after it,
+                # before any iteration has finished (an adopted one's calls are not known here).
+                cur.setdefault("diagnosis_calls", []).append(self._spent()["calls"] - before)
+            else:
+                done[str(n)] = adopted
             self._save_cursor_only(cur)
         ids = [done[str(n)] for n in range(len(cur["scopes"]))]
         proposals = [p.id for d in ids for p in self.store.list_proposals(diagnosis_id=d)]
@@ -807,22 +814,24 @@ class Evolver:
                 f"instances x {len(cfg.models)} model(s) at {rate:.2f} calls each) would need about "
                 f"{train + diagnosis + validation:.0f} model calls, and {left} are left of the budget")
 
-    def _diagnoses_unaffordable(self, evo: EvolutionRecord, cfg: EvolveConfig, budget: CallBudget,
-                                remaining: int) -> str | None:
+    def _diagnoses_unaffordable(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any],
+                                budget: CallBudget, remaining: int) -> str | None:
         """Why the budget left cannot pay for this iteration's remaining diagnoses and then one
-        validation, or None: each diagnosis at the fewest calls (roles and smoke runs) an earlier
-        iteration's diagnoses took, so before the first iteration's roles have run there is no
-        estimate and nothing is stopped. A strategy that diagnoses every failing instance before it
-        validates (Self-Evolution) would otherwise spend its roles on a change nobody can judge."""
-        per = self._calls_per_diagnosis(evo)
-        if budget.max_calls is None or per is None:
+        validation, or None: each diagnosis at the fewest calls (roles and smoke runs) that an
+        earlier iteration's diagnoses took on average or that one diagnosis of this iteration took,
+        so only before the first diagnosis of all is there no estimate and nothing stopped. A
+        strategy that diagnoses every failing instance before it validates (Self-Evolution) would
+        otherwise spend its roles on a change nobody can judge."""
+        rates = [r for r in (self._calls_per_diagnosis(evo), *cur.get("diagnosis_calls", [])) if r is not None]
+        if budget.max_calls is None or not rates:
             return None
+        per = min(rates)
         rate, validation, val = self._validation_cost(evo, cfg, budget, self.svc.harness(evo.current_version))
         need, left = remaining * per + validation, budget.max_calls - budget.calls
         if need <= left:
             return None
         return (f"{remaining} diagnos{'is' if remaining == 1 else 'es'} left (at least {per:.0f} model calls "
-                f"each, the fewest an earlier iteration's took) and the validation of one change "
+                f"each, the fewest a diagnosis of this evolution took) and the validation of one change "
                 f"({validation:.0f}: {val} instances x {len(cfg.models)} model(s) at {rate:.2f} calls each) "
                 f"would need about {need:.0f} model calls, and {left} are left of the budget")
 

@@ -344,8 +344,8 @@ def test_self_evolution_does_not_diagnose_failures_no_validation_could_follow(wo
     the BIG-bench mixture (seed 14) its second iteration set out to diagnose 12 failures at about
     23 calls each (roles) with 328 calls left, so no validation could have followed: about two
     hours of role calls for nothing. Once its batch shows how many diagnoses it needs, an iteration
-    whose diagnoses (at the fewest calls an earlier iteration's took) and one validation do not fit
-    stops before them; a resume with more budget diagnoses and validates."""
+    whose diagnoses (at the fewest calls a diagnosis of this evolution took) and one validation do
+    not fit stops before them; a resume with more budget diagnoses and validates."""
     svc, suite, _ = world
     first = Evolver(svc)
     one = first.run(first.create(config(suite, strategy="self-evolution", auto_approve=True, label="one",
@@ -364,7 +364,7 @@ def test_self_evolution_does_not_diagnose_failures_no_validation_could_follow(wo
     scopes = evo.result["cursor"]["scopes"]
     assert len(scopes) > 1
     assert stop.startswith(f"iteration 2 stopped before diagnosis 1 of {len(scopes)}: {len(scopes)} diagnoses left "
-                           f"(at least {per:.0f} model calls each, the fewest an earlier iteration's took) and the "
+                           f"(at least {per:.0f} model calls each, the fewest a diagnosis of this evolution took) and the "
                            f"validation of one change (12: "), stop
     # Only the batch was bought; no diagnosis of iteration 2 is stored.
     assert evo.result["spent"]["calls"] == spent + 12 and len(evo.iterations) == 1
@@ -373,6 +373,37 @@ def test_self_evolution_does_not_diagnose_failures_no_validation_could_follow(wo
     roomy = Evolver(svc).run(evo.id, overrides={"max_model_calls": spent + 200})
     assert roomy.status == "done" and len(roomy.iterations) == 2
     assert len(roomy.iterations[1]["diagnosis_ids"]) == len(scopes) and roomy.iterations[1]["steps"]
+
+
+def test_the_first_iteration_stops_once_its_first_diagnosis_shows_the_rest_cannot_be_validated(world) -> None:
+    """Before any iteration has finished there is no earlier diagnosis to cost the others by, and a
+    first iteration used to diagnose every failing instance whatever the budget. Once its first
+    diagnosis is made, that diagnosis's calls cost the rest: with the batch, one diagnosis and one
+    validation paid for and no more, it stops before the second diagnosis."""
+    svc, suite, _ = world
+    first = Evolver(svc)
+    one = first.run(first.create(config(suite, strategy="self-evolution", auto_approve=True, label="one",
+                                        charge_cached=True)).id)
+    row = one.iterations[0]
+    failing = len(row["diagnosis_ids"])
+    assert failing > 1 and row["calls_by_phase"]["diagnose"] > 0, row
+    # The batch (12), the parent's and a candidate's validation (12 each) and at most one diagnosis.
+    budget = 12 + 24 + math.ceil(row["calls_by_phase"]["diagnose"] / failing)
+    evolver = Evolver(svc)
+    evo = evolver.run(evolver.create(config(suite, strategy="self-evolution", auto_approve=True,
+                                            max_model_calls=budget, charge_cached=True)).id)
+    assert evo.status == "stopped" and evo.result["stopped_by"] == "calls", evo.result
+    cur = evo.result["cursor"]
+    [made] = cur["diagnosis_calls"]
+    assert made > 0 and len(cur["diagnosed"]) == 1 and len(cur["scopes"]) == failing
+    assert evo.result["stopped"].startswith(
+        f"iteration 1 stopped before diagnosis 2 of {failing}: {failing - 1} diagnos"
+        f"{'is' if failing == 2 else 'es'} left (at least {made} model calls each, the fewest a diagnosis "
+        f"of this evolution took) and the validation of one change (24: "), evo.result["stopped"]
+    assert evo.result["spent"]["calls"] == 12 + made and not evo.iterations
+    roomy = Evolver(svc).run(evo.id, overrides={"max_model_calls": 400})
+    assert roomy.status == "done" and roomy.iterations[0]["diagnosis_ids"][0] == cur["diagnosed"]["0"]
+    assert len(roomy.iterations[0]["diagnosis_ids"]) == failing and roomy.iterations[0]["steps"]
 
 
 def test_the_same_edit_made_for_several_instances_is_applied_once(world) -> None:
