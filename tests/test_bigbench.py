@@ -5,10 +5,12 @@ only task.json members and does nothing the second time."""
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
 import io
 import json
 import tarfile
+import threading
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -22,10 +24,11 @@ from ecdysis.suites import load_suite
 from ecdysis.suites.bigbench import bigbench_dir, bigbench_tasks, load_bigbench, load_task_file
 from ecdysis.suites.scorers import score
 
+from bigbench_files import needs_bigbench
+
 ROOT = Path(__file__).resolve().parent.parent
 REAL = bigbench_dir()
-needs_real = pytest.mark.skipif(not (REAL / "date_understanding" / "task.json").is_file(),
-                                reason=f"BIG-bench task files missing in {REAL}: run scripts/fetch_bigbench.py")
+needs_real = needs_bigbench
 
 
 
@@ -291,6 +294,69 @@ def test_fetch_extracts_only_task_json_and_is_idempotent(tmp_path: Path, capsys:
     assert "nothing to do" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         script.main(["--dest", str(tmp_path / "other"), "--sdist", str(tmp_path / "absent.tar.gz")])
+    assert not (tmp_path / "other").exists()
+
+
+def test_an_index_that_does_not_serve_the_release_is_a_clear_stop_not_a_crash(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The package index stopped serving bigbench 1.0.0 (it lists 0.0.1 alone, which holds no task
+    files). The script says so, names what it found and how to add the files by hand, writes
+    nothing, and exits 3, which the set-up reads as "go on without BIG-bench"."""
+    listing = {"files": [{"filename": "bigbench-0.0.1.tar.gz", "url": "bigbench-0.0.1.tar.gz",
+                          "hashes": {"sha256": "0" * 64}}]}
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(listing).encode() if self.path == "/simple/bigbench/" else b"{}"
+            self.send_response(200 if self.path == "/simple/bigbench/" else 404)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_port}/simple")
+        dest = tmp_path / "cache" / "benchmark_tasks"
+        assert fetch_script().main(["--dest", str(dest)]) == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert "does not serve bigbench==1.0.0" in err and "(it lists bigbench-0.0.1.tar.gz)" in err
+    assert "--source DIR" in err and "BFCL suites are not" in err
+    assert not dest.exists() and not any((tmp_path / "cache").glob(".bigbench-partial-*"))
+
+
+def test_fetch_copies_the_task_files_of_a_checkout_and_nothing_else(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """--source DIR, for task files from a checkout of the BIG-bench repository: task.json files
+    under bigbench/benchmark_tasks/ are copied (subtasks too); code, other files and symbolic
+    links (which could point anywhere) are not."""
+    tasks = tmp_path / "BIG-bench" / "bigbench" / "benchmark_tasks"
+    (tasks / "alpha").mkdir(parents=True)
+    (tasks / "alpha" / "task.json").write_text('{"name": "alpha"}')
+    (tasks / "alpha" / "task.py").write_text("print('code')")
+    (tasks / "beta" / "sub").mkdir(parents=True)
+    (tasks / "beta" / "sub" / "task.json").write_text('{"name": "sub"}')
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token": "x"}')
+    (tasks / "linked").mkdir()
+    (tasks / "linked" / "task.json").symlink_to(secret)
+    (tmp_path / "BIG-bench" / "task.json").write_text("{}")  # outside benchmark_tasks/
+    dest = tmp_path / "cache" / "benchmark_tasks"
+    script = fetch_script()
+    assert script.main(["--dest", str(dest), "--source", str(tmp_path / "BIG-bench"), "--no-catalogue"]) == 0
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
+        "alpha/task.json", "beta/sub/task.json"]
+    assert "copied 2 task.json files" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        script.main(["--dest", str(tmp_path / "other"), "--source", str(tmp_path / "absent")])
     assert not (tmp_path / "other").exists()
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bigbench_files import needs_bigbench
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,13 +35,34 @@ def test_suites_json_lists_builtins_with_sizes_and_categories() -> None:
     assert len(mix["categories"]) >= 5
 
 
-def test_suites_lists_bigbench_with_answer_forms_and_imports_a_jsonl_suite(tmp_path: Path) -> None:
-    """The catalogue built at set-up lists the BIG-bench tasks (size and answer form); a JSONL file
-    is checked and stored by import-suite, then listed with the form inferred from its targets."""
+@needs_bigbench
+def test_suites_lists_the_real_bigbench_tasks_with_answer_forms(tmp_path: Path) -> None:
+    """The catalogue built at set-up lists the BIG-bench tasks (size and answer form)."""
     env = {"ECDYSIS_HOME": str(tmp_path / "home")}
     rows = {r["name"]: r for r in json.loads(ecdysis("suites", "--json", "--source", "bigbench", env_extra=env).stdout)}
     assert rows["bigbench:navigate"]["answer_forms"] == {"navigate": {"kind": "true_false"}}
     assert rows["bigbench:object_counting"]["size"] == 1000 and len(rows) >= 160
+
+
+def test_suites_lists_bigbench_with_answer_forms_and_imports_a_jsonl_suite(tmp_path: Path) -> None:
+    """BIG-bench task files put where ECDYSIS_BIGBENCH_DIR says, and catalogued as the set-up does,
+    are listed with size and answer form; a JSONL file is checked and stored by import-suite, then
+    listed with the form inferred from its targets."""
+    from ecdysis.suites import bigbench_catalogue
+    tasks = tmp_path / "bigbench" / "benchmark_tasks"
+    for name, examples in {
+            "even_odd": [{"input": f"Is {i} even?", "target_scores": {"Yes": int(i % 2 == 0), "No": int(i % 2)}}
+                             for i in range(7)],
+            "counting": [{"input": f"How many letters in {'x' * i}?", "target": str(i)} for i in range(1, 10)]}.items():
+        (tasks / name).mkdir(parents=True)
+        (tasks / name / "task.json").write_text(json.dumps({"name": name, "examples": examples}))
+    env = {"ECDYSIS_HOME": str(tmp_path / "home"), "ECDYSIS_BIGBENCH_DIR": str(tasks)}
+    bigbench_catalogue(tasks)
+    rows = {r["name"]: r for r in json.loads(ecdysis("suites", "--json", "--source", "bigbench", env_extra=env).stdout)}
+    assert sorted(rows) == ["bigbench:counting", "bigbench:even_odd"]
+    assert rows["bigbench:even_odd"]["answer_forms"] == {"even_odd": {"kind": "yes_no"}}
+    assert rows["bigbench:counting"]["answer_forms"] == {"counting": {"kind": "integer"}}
+    assert rows["bigbench:counting"]["size"] == 9
     good = tmp_path / "yes-no.jsonl"
     good.write_text("".join(json.dumps({"input": f"Is {i} even?", "target": "Yes" if i % 2 == 0 else "No"}) + "\n"
                             for i in range(8)))

@@ -20,6 +20,10 @@ from ecdysis.records import Instance, InstanceResult, ModelCall, Suite
 from ecdysis.roles.operators import HELPERS
 from ecdysis.suites import builtin_suite_names, load_suite
 
+from bigbench_files import needs_bigbench
+
+pytestmark = needs_bigbench
+
 # task -> the answer form its data implies (kind, and extras that must be there)
 CORPUS: dict[str, dict] = {
     "navigate": {"kind": "true_false"},
