@@ -184,9 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     except Unavailable as exc:
         print(f"BIG-bench is not set up on this machine: the package index does not serve {REQUIREMENT}.\n"
               f"  {exc}\n"
-              f"  The bigbench:TASK suites are unavailable here; the built-in, imported and BFCL suites are not\n"
-              f"  affected. With the task files at hand: scripts/fetch_bigbench.py --sdist bigbench-1.0.0.tar.gz,\n"
-              f"  or --source DIR with a checkout of the BIG-bench repository.", file=sys.stderr)
+              f"  The bigbench:TASK suites are unavailable here; the built-in, imported, BFCL and BIG-Bench Hard\n"
+              f"  (bbh:TASK) suites are not affected. With the task files at hand: scripts/fetch_bigbench.py\n"
+              f"  --sdist bigbench-1.0.0.tar.gz,"
+              f" or --source DIR with a checkout of the BIG-bench repository.", file=sys.stderr)
         return UNAVAILABLE
     if not args.no_catalogue:
         build_catalogue(dest)

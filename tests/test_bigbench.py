@@ -329,7 +329,7 @@ def test_an_index_that_does_not_serve_the_release_is_a_clear_stop_not_a_crash(
         server.server_close()
     err = capsys.readouterr().err
     assert "does not serve bigbench==1.0.0" in err and "(it lists bigbench-0.0.1.tar.gz)" in err
-    assert "--source DIR" in err and "BFCL suites are not" in err
+    assert "--source DIR" in err and "(bbh:TASK) suites are not affected" in err
     assert not dest.exists() and not any((tmp_path / "cache").glob(".bigbench-partial-*"))
 
 
