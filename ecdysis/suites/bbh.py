@@ -22,6 +22,7 @@ import json
 import os
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,8 @@ def load_bbh(task: str, *, root: Path | None = None, name: str | None = None) ->
     if not root.is_dir():
         raise NotFound(f"the BIG-Bench Hard files are not at {root}", hint=FETCH_HINT)
     suite = load_bigbench(task, root=root, name=name or PREFIX + task)
-    return Suite(name=suite.name, instances=suite.instances, scorer=suite.scorer, source=f"bbh:{root.resolve()}",
-                 description=suite.description.replace("A mixture of BIG-bench tasks", "A mixture of BBH tasks", 1))
+    return replace(suite, source=f"bbh:{root.resolve()}",
+                   description=suite.description.replace("A mixture of BIG-bench tasks", "A mixture of BBH tasks", 1))
 
 
 def split_question(question: str) -> tuple[str, str] | None:
