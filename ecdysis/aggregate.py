@@ -680,6 +680,9 @@ def _cluster_type(type_: str, failures: Sequence[Failure], policy: ClusteringPol
 
 
 MECHANISM_TYPES: frozenset[str] = frozenset({"off_format", "invalid_choice"})
+# The fewest instances a cluster needs before the recoverability probe (`ecdysis.probe`) asks the
+# harness about it: a smaller one is noise whatever a probe says.
+PROBE_MIN_INSTANCES = 3
 
 
 @dataclass(frozen=True)
@@ -687,14 +690,24 @@ class TypeLevelMerge:
     """Cross-instance aggregation above the wording. Text similarity splits one failure type into
     sub-patterns ("quoted", "to solve this problem…"); when at least `min_parts` of them are each
     too small to act on, their union is judged again as one type-level cluster keyed by its
-    mechanism (`evidence_key`). Only a union judged harness-level replaces its parts, so a scatter
-    of unrelated slips stays noise."""
+    mechanism (`evidence_key`). A union judged harness-level replaces its parts, and so does one
+    the recoverability probe can still judge (`for_probe`): one model alone shows it, on at least
+    `probe_instances` instances, most of them by one mechanism. Its parts, each under the probe's
+    size, would never be asked about; the probe promotes the union only when a repair recovers
+    most of its failures, so a scatter of unrelated slips stays noise."""
 
     min_parts: int = 2
     types: frozenset[str] = MECHANISM_TYPES | frozenset(AGENT_TYPES) | frozenset(MULTI_TURN_TYPES)
+    probe_instances: int = PROBE_MIN_INSTANCES
+    probe_consistency: float = 0.5
 
     def applies(self, type_: str, parts: Sequence["Cluster"]) -> bool:
         return type_ in self.types and sum(c.verdict == "noise" for c in parts) >= self.min_parts
+
+    def for_probe(self, union: "Cluster") -> bool:
+        showing = [m for m, r in union.rates.items() if r.ran and r.hit]
+        return (len(union.instances) >= self.probe_instances and len(showing) <= 1
+                and union.consistency >= self.probe_consistency)
 
 
 class _TypeOnly:
@@ -730,7 +743,7 @@ def aggregate(failures: Sequence[Failure], batch: BatchContext, *,
             small = [c for c in parts if c.verdict == "noise"]
             union = _cluster_type(type_, [f for c in small for f in c.failures], _TypeOnly(type_))[0]
             merged = _judge(union, batch, verdicts, scoring, previous_clusters)
-            if merged.verdict == "harness-level":
+            if merged.verdict == "harness-level" or merge.for_probe(merged):
                 merged.reason += f" (merged from {len(small)} smaller sub-patterns of this failure type)"
                 parts = [c for c in parts if c.verdict != "noise"] + [merged]
         clusters.extend(parts)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
-from ecdysis.aggregate import Cluster, PriorityOrder
+from ecdysis.aggregate import PROBE_MIN_INSTANCES, Cluster, PriorityOrder
 from ecdysis.errors import EcdysisError
 from ecdysis.failures import AGENT_TYPES, MULTI_TURN_TYPES
 from ecdysis.records import Instance
@@ -30,7 +30,7 @@ from ecdysis.roles.repairs import RepairInput
 
 PROBE_SIZE = 3        # failures of the cluster each repair is run on
 PROBE_OPERATORS = 2   # catalogue repairs tried per cluster, best ranked first
-MIN_INSTANCES = 3     # a smaller cluster is noise whatever a probe says
+MIN_INSTANCES = PROBE_MIN_INSTANCES  # a smaller cluster is noise whatever a probe says
 PROBED_TYPES = frozenset({"off_format", "invalid_choice", "truncated", "empty_output", "wrong_answer",
                           *AGENT_TYPES, *MULTI_TURN_TYPES})
 

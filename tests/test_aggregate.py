@@ -160,6 +160,44 @@ def test_same_mechanism_in_different_words_is_merged_into_one_harness_level_clus
     assert "merged from" in harness[0].reason and "well-formed answer is in the reply" in harness[0].label
 
 
+def one_model_off_format_batch() -> tuple[list[Failure], BatchContext]:
+    """alpha puts the answer on a second line after an opener worded per category, on two train
+    instances of arithmetic and two of object counting; beta ran the same instances and answered them wrong
+    (well-formed), so no model passes where alpha fails: cross-model evidence cannot attribute it.
+    (Seen on BIG-Bench Hard, seed 13: SmolLM2's off-format answers in two tasks, 2 + 2 instances.)"""
+    from diagnosis_fixtures import answer_form, planted_suite, result_for
+    suite = planted_suite()
+    picked: set[str] = set()
+    for category in ("arithmetic", "object-counting"):
+        picked |= set(sorted(i.id for i in suite.instances if i.split == "train" and i.category == category)[:2])
+    results = []
+    for inst in suite.instances:
+        if inst.split != "train":
+            continue
+        alpha = f"{OPENERS[inst.category]}\n{answer_form(inst)}" if inst.id in picked else answer_form(inst)
+        beta = str(int(inst.target) + 1) if inst.id in picked else answer_form(inst)
+        results += [result_for("run-alpha", "alpha", inst, alpha), result_for("run-beta", "beta", inst, beta)]
+    by_id = {i.id: i for i in suite.instances}
+    failures = extract_failures(results, by_id, suite=suite.name, harness_version="h")
+    return failures, BatchContext.build([(suite.name, r) for r in results], failures)
+
+
+def test_a_one_model_union_too_small_in_parts_is_kept_for_the_probe() -> None:
+    """Two sub-patterns of one mechanism, each on two instances, are each under the probe's size;
+    their union (four instances, two categories, alpha alone) is not attributable on counts, but
+    the recoverability probe can ask the harness about it, so it replaces its parts, as noise until
+    a probe says otherwise."""
+    from ecdysis.probe import wants_probe
+    failures, batch = one_model_off_format_batch()
+    split = [c for c in aggregate(failures, batch, merge=None) if c.type == "off_format"]
+    assert len(split) == 2 and all(len(c.instances) == 2 for c in split)
+    assert not any(wants_probe(c) for c in split)  # each too small to ask about
+    [union] = [c for c in aggregate(failures, batch) if c.type == "off_format"]
+    assert len(union.instances) == 4 and len(union.categories) == 2 and set(union.models) == {"alpha"}
+    assert union.verdict == "noise" and "merged from 2 smaller sub-patterns" in union.reason, union.reason
+    assert "well-formed answer is in the reply" in union.label and wants_probe(union)
+
+
 def test_unrelated_slips_are_not_merged() -> None:
     failures, batch = planted_batch(patterns={"noise"})
     merged = aggregate(failures, batch)

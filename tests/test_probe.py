@@ -77,3 +77,46 @@ def test_a_cluster_no_repair_recovers_stays_the_models_with_what_was_tried() -> 
     assert "Probe on beta's failures: answer_format_instruction 0/3" in quirk.reason
     assert quirk.probe["model"] == "beta" and "operator" not in quirk.probe
     assert not [p for p in report.proposals if p.cluster_id == quirk.id]
+
+
+def test_a_union_of_small_one_model_patterns_is_probed_and_promoted() -> None:
+    """alpha's answers sit on a second line, after an opener worded per category, on two instances
+    each of two categories; beta fails the same instances with wrong answers, so no model passes
+    where alpha fails. Each wording is too small for the probe; their union is kept for it
+    (aggregation), and the probe finds the extraction repair gets alpha's failures right, so the
+    union becomes harness-level and that repair is proposed for it. (Seen on BIG-Bench Hard, seed
+    13: the per-instance search kept answer extraction at 5 won 0 lost while Ecdysis, whose batch
+    had SmolLM2's off-format answers in two tasks, 2 + 2 instances, called each part noise.)"""
+    import time
+
+    from diagnosis_fixtures import planted_suite, result_for
+    from ecdysis.harness import new_version, starter_files
+    from ecdysis.records import RunRecord
+    from test_aggregate import OPENERS
+    store = MemoryStore()
+    suite = planted_suite()
+    version = store.put_harness(new_version(starter_files(), parent=None, note="planted"))
+    train = [i for i in suite.instances if i.split == "train"]
+    picked = {iid for category in ("arithmetic", "object-counting")
+              for iid in sorted(i.id for i in train if i.category == category)[:2]}
+    replies = {"alpha": {i.id: f"{OPENERS[i.category]}\n{answer_form(i)}" if i.id in picked else answer_form(i)
+                         for i in train},
+               "beta": {i.id: str(int(i.target) + 1) if i.id in picked else answer_form(i) for i in train}}
+    run_ids = []
+    for n, model in enumerate(("alpha", "beta")):
+        run = RunRecord(id=f"run-{model}", suite=suite.name, model=model, harness_version=version.id, split="train",
+                        instance_ids=[i.id for i in train], status="done", created_at=time.time() + n)
+        store.create_run(run)
+        for inst in train:
+            store.save_result(result_for(run.id, model, inst, replies[model][inst.id]))
+        run_ids.append(run.id)
+    backends = {m: ScriptedBackend([Rule(text=replies[m][i.id], match=i.input) for i in train], model_id=m)
+                for m in ("alpha", "beta")}
+    report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=backends["alpha"],
+                      backend_factory=backends.__getitem__, budget=CallBudget())
+    [union] = [c for c in report.clusters if c.type == "off_format"]
+    assert len(union.instances) == 4 and set(union.models) == {"alpha"}
+    assert union.verdict == "harness-level" and union.reason.startswith("Recoverable by the harness"), union.reason
+    assert "merged from 2 smaller sub-patterns" in union.reason
+    mine = [p for p in report.proposals if p.cluster_id == union.id]
+    assert mine and mine[0].spec.operator == union.probe["operator"]
