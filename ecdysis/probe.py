@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
-from ecdysis.aggregate import PROBE_MIN_INSTANCES, Cluster, PriorityOrder
+from ecdysis.aggregate import MECHANISM_TYPES, PROBE_MIN_INSTANCES, Cluster, PriorityOrder, evidence_key
 from ecdysis.errors import EcdysisError
 from ecdysis.failures import AGENT_TYPES, MULTI_TURN_TYPES
 from ecdysis.records import Instance
@@ -63,10 +63,23 @@ def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exempl
         return cluster
     tried: list[str] = []
     record: dict[str, Any] = {"model": model, "members": [k for k, _ in members], "right": {}}
+    unread = _answer_in_reply(cluster)
     for name, patched in _repairs(cluster, files, exemplars):
-        right = runner.recovered(patched, members)
+        right, read = runner.right_and_read(patched, members)
         tried.append(f"{name} {len(right)}/{len(members)}")
         record["right"][name] = right
+        if unread and _reads_only(name):
+            record.setdefault("read", {})[name] = read
+            if len(read) >= 2 and 2 * len(read) > len(members):
+                # The fault is the harness's reading of a well-formed answer the reply holds: that it
+                # can read it is the evidence. Whether the answer is right is the model's, and
+                # screening and the gate weigh what reading it is worth.
+                reason = (f"Readable by the harness: with {name}, {len(read)} of {len(members)} of these failures "
+                          f"on {model} now give an answer of the task's form, {len(right)} of them right "
+                          f"(probe). Before the probe: {cluster.reason}")
+                evidence = [f"probe: {name} on {model}: {', '.join(read)} read"] + list(cluster.evidence)
+                return dataclasses.replace(cluster, verdict="harness-level", reason=reason, evidence=evidence,
+                                           probe={**record, "operator": name})
         if len(right) >= 2 and 2 * len(right) > len(members):
             reason = (f"Recoverable by the harness: with {name}, {len(right)} of {len(members)} of these failures "
                       f"on {model} come back right (probe). Before the probe: {cluster.reason}")
@@ -77,6 +90,21 @@ def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exempl
         return cluster
     return dataclasses.replace(cluster, probe=record, reason=f"{cluster.reason} Probe on {model}'s failures: "
                                f"{'; '.join(tried)} came back right, too few to call it the harness's.")
+
+
+def _answer_in_reply(cluster: Cluster) -> bool:
+    """Whether most of an off-format (or invalid-choice) cluster's replies hold a well-formed answer
+    that the harness did not read (`aggregate.evidence_key`)."""
+    if cluster.type not in MECHANISM_TYPES or not cluster.failures:
+        return False
+    held = sum(evidence_key(f) == "a well-formed answer is in the reply" for f in cluster.failures)
+    return 2 * held > len(cluster.failures)
+
+
+def _reads_only(name: str) -> bool:
+    """A repair that rebinds only `extract_answer`: it cannot change what the model is asked, only
+    how its reply is read (answer extraction, choice matching)."""
+    return tuple(getattr(OPERATORS.get(name), "needs", ())) == ("extract_answer",)
 
 
 def _repairs(cluster: Cluster, files: Mapping[str, str],

@@ -273,6 +273,17 @@ class SmokeRunner:
     scorers: dict[str, ScorerSpec] = field(default_factory=dict)  # suite name -> scorer
 
     def run(self, files: dict[str, str], instance: Instance, suite: str = "") -> CheckResult:
+        outcome, calls, errors = self._solve(files, instance)
+        if outcome.error_type or outcome.answer is None:
+            why = errors[-1] if errors else outcome.error_message
+            return CheckResult("loads", False, f"the patched harness fails its smoke run on train instance "
+                                               f"{instance.id}: {outcome.error_type}: {why}")
+        verdict = self._score(outcome.answer, instance, self.scorers.get(suite))
+        return CheckResult("loads", True, f"loads and answers the smoke run on {instance.id} with "
+                                          f"{outcome.answer[:60]!r} in {calls} model call(s){verdict}")
+
+    def _solve(self, files: dict[str, str], instance: Instance) -> tuple[Any, int, list[str]]:
+        """The patched harness's outcome on one instance, the model calls it made, its call errors."""
         errors: list[str] = []
         calls = [0]
 
@@ -293,13 +304,7 @@ class SmokeRunner:
             outcome = pool.solve(instance.task_view(), on_generate)
         finally:
             pool.close()
-        if outcome.error_type or outcome.answer is None:
-            why = errors[-1] if errors else outcome.error_message
-            return CheckResult("loads", False, f"the patched harness fails its smoke run on train instance "
-                                               f"{instance.id}: {outcome.error_type}: {why}")
-        verdict = self._score(outcome.answer, instance, self.scorers.get(suite))
-        return CheckResult("loads", True, f"loads and answers the smoke run on {instance.id} with "
-                                          f"{outcome.answer[:60]!r} in {calls[0]} model call(s){verdict}")
+        return outcome, calls[0], errors
 
     def still_passes(self, files: dict[str, str], instance: Instance, suite: str = "") -> bool | None:
         """Whether the patched harness still answers a passing instance correctly (None: unknown)."""
@@ -313,6 +318,25 @@ class SmokeRunner:
     def recovered(self, files: dict[str, str], members: Sequence[tuple[str, Instance]]) -> list[str]:
         """The keys ("suite/id") of `members` (failures) the patched harness now gets right."""
         return [key for key, inst in members if self.still_passes(files, inst, key.split("/", 1)[0])]
+
+    def right_and_read(self, files: dict[str, str],
+                       members: Sequence[tuple[str, Instance]]) -> tuple[list[str], list[str]]:
+        """One run per member (failures): the keys the patched harness now gets right, and the keys
+        for which it now returns an answer of the task's form, right or wrong. For a repair that
+        only changes how a reply is read, the second is the evidence that the harness can read
+        the model's answer; whether that answer is right is the model's."""
+        from ecdysis.failures import conforms, expected_shape
+        right, read = [], []
+        for key, inst in members:
+            outcome, _, _ = self._solve(files, inst)
+            answer = (outcome.answer or "").strip()
+            if outcome.error_type or not answer:
+                continue
+            if conforms(answer, expected_shape(inst), inst):
+                read.append(key)
+            if self._score(answer, inst, self.scorers.get(key.split("/", 1)[0])) == " (correct)":
+                right.append(key)
+        return right, read
 
     @staticmethod
     def _score(answer: str, instance: Instance, scorer: ScorerSpec | None) -> str:

@@ -7,6 +7,8 @@ A beta that ignores the instruction leaves the cluster as it was, with what the 
 
 from __future__ import annotations
 
+import pytest
+
 from diagnosis_fixtures import M_REPLY, MemoryStore, answer_form, plant
 from ecdysis.budget import CallBudget
 from ecdysis.diagnosis import diagnose
@@ -79,14 +81,17 @@ def test_a_cluster_no_repair_recovers_stays_the_models_with_what_was_tried() -> 
     assert not [p for p in report.proposals if p.cluster_id == quirk.id]
 
 
-def test_a_union_of_small_one_model_patterns_is_probed_and_promoted() -> None:
+@pytest.mark.parametrize("right", [True, False])
+def test_a_union_of_small_one_model_patterns_is_probed_and_promoted(right: bool) -> None:
     """alpha's answers sit on a second line, after an opener worded per category, on two instances
     each of two categories; beta fails the same instances with wrong answers, so no model passes
     where alpha fails. Each wording is too small for the probe; their union is kept for it
-    (aggregation), and the probe finds the extraction repair gets alpha's failures right, so the
-    union becomes harness-level and that repair is proposed for it. (Seen on BIG-Bench Hard, seed
-    13: the per-instance search kept answer extraction at 5 won 0 lost while Ecdysis, whose batch
-    had SmolLM2's off-format answers in two tasks, 2 + 2 instances, called each part noise.)"""
+    (aggregation). The probe finds that the extraction repair, which only changes how a reply is
+    read, reads alpha's answers: the union becomes harness-level and that repair is proposed for
+    it, whether alpha's answers are right or (`right=False`) wrong, since what the model knows is
+    not the harness's fault. (Seen on BIG-Bench Hard, seeds 13-14: the per-instance search kept
+    answer extraction at 5 won 0 lost, while Ecdysis's batches had SmolLM2's off-format answers in
+    parts of 2 instances, each called noise, and a probe that asked for right answers found 1 of 3.)"""
     import time
 
     from diagnosis_fixtures import planted_suite, result_for
@@ -99,7 +104,8 @@ def test_a_union_of_small_one_model_patterns_is_probed_and_promoted() -> None:
     train = [i for i in suite.instances if i.split == "train"]
     picked = {iid for category in ("arithmetic", "object-counting")
               for iid in sorted(i.id for i in train if i.category == category)[:2]}
-    replies = {"alpha": {i.id: f"{OPENERS[i.category]}\n{answer_form(i)}" if i.id in picked else answer_form(i)
+    given = {i.id: answer_form(i) if right else str(int(i.target) + 2) for i in train if i.id in picked}
+    replies = {"alpha": {i.id: f"{OPENERS[i.category]}\n{given[i.id]}" if i.id in picked else answer_form(i)
                          for i in train},
                "beta": {i.id: str(int(i.target) + 1) if i.id in picked else answer_form(i) for i in train}}
     run_ids = []
@@ -116,7 +122,11 @@ def test_a_union_of_small_one_model_patterns_is_probed_and_promoted() -> None:
                       backend_factory=backends.__getitem__, budget=CallBudget())
     [union] = [c for c in report.clusters if c.type == "off_format"]
     assert len(union.instances) == 4 and set(union.models) == {"alpha"}
-    assert union.verdict == "harness-level" and union.reason.startswith("Recoverable by the harness"), union.reason
+    assert union.verdict == "harness-level", union.reason
+    assert union.reason.startswith("Readable by the harness: with answer_extraction, 3 of 3 of these failures on "
+                                   f"alpha now give an answer of the task's form, {3 if right else 0} of them right")
     assert "merged from 2 smaller sub-patterns" in union.reason
+    assert union.probe["read"]["answer_extraction"] == union.probe["members"]
+    assert len(union.probe["right"]["answer_extraction"]) == (3 if right else 0)
     mine = [p for p in report.proposals if p.cluster_id == union.id]
     assert mine and mine[0].spec.operator == union.probe["operator"]
