@@ -690,11 +690,13 @@ class TypeLevelMerge:
     """Cross-instance aggregation above the wording. Text similarity splits one failure type into
     sub-patterns ("quoted", "to solve this problem…"); when at least `min_parts` of them are each
     too small to act on, their union is judged again as one type-level cluster keyed by its
-    mechanism (`evidence_key`). A union judged harness-level replaces its parts, and so does one
-    the recoverability probe can still judge (`for_probe`): one model alone shows it, on at least
-    `probe_instances` instances, most of them by one mechanism. Its parts, each under the probe's
-    size, would never be asked about; the probe promotes the union only when a repair recovers
-    most of its failures, so a scatter of unrelated slips stays noise."""
+    mechanism (`evidence_key`). A union judged harness-level replaces its parts. Otherwise the
+    parts under the probe's size (`probe_instances`), which the recoverability probe would never
+    ask about, are joined alone, and their union replaces them when the probe can judge it
+    (`for_probe`): one model alone shows it, on at least `probe_instances` instances, most of them
+    by one mechanism. A part the probe can see on its own is left to it. The probe promotes a
+    union only when a repair recovers most of its failures, so a scatter of unrelated slips stays
+    noise."""
 
     min_parts: int = 2
     types: frozenset[str] = MECHANISM_TYPES | frozenset(AGENT_TYPES) | frozenset(MULTI_TURN_TYPES)
@@ -741,16 +743,29 @@ def aggregate(failures: Sequence[Failure], batch: BatchContext, *,
                  for group in _cluster_type(type_, by_type[type_], clustering)]
         if merge is not None and merge.applies(type_, parts):
             small = [c for c in parts if c.verdict == "noise"]
-            union = _cluster_type(type_, [f for c in small for f in c.failures], _TypeOnly(type_))[0]
-            merged = _judge(union, batch, verdicts, scoring, previous_clusters)
-            if merged.verdict == "harness-level" or merge.for_probe(merged):
+            merged = _union(type_, small, batch, verdicts, scoring, previous_clusters)
+            if merged.verdict != "harness-level":
+                # For the probe, only the parts it could not ask about on their own: a part of its
+                # size is probed as it is, not diluted in a union whose probed members differ.
+                small = [c for c in small if len(c.instances) < merge.probe_instances]
+                merged = (_union(type_, small, batch, verdicts, scoring, previous_clusters)
+                          if len(small) >= merge.min_parts else None)
+                merged = merged if merged is not None and merge.for_probe(merged) else None
+            if merged is not None:
                 merged.reason += f" (merged from {len(small)} smaller sub-patterns of this failure type)"
-                parts = [c for c in parts if c.verdict != "noise"] + [merged]
+                parts = [c for c in parts if not any(c is part for part in small)] + [merged]
         clusters.extend(parts)
     ordered = priority.order(clusters)
     for i, cluster in enumerate(ordered, start=1):
         cluster.id = f"c{i}"
     return ordered
+
+
+def _union(type_: str, parts: Sequence[Cluster], batch: BatchContext, verdicts: VerdictPolicy,
+           scoring: SystematicityScore, previous: Sequence[Sequence[Cluster]]) -> Cluster:
+    """The parts' failures judged again as one type-level cluster (`TypeLevelMerge`)."""
+    group = _cluster_type(type_, [f for c in parts for f in c.failures], _TypeOnly(type_))[0]
+    return _judge(group, batch, verdicts, scoring, previous)
 
 
 def _judge(group: _Group, batch: BatchContext, verdicts: VerdictPolicy, scoring: SystematicityScore,

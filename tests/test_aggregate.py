@@ -198,6 +198,29 @@ def test_a_one_model_union_too_small_in_parts_is_kept_for_the_probe() -> None:
     assert "well-formed answer is in the reply" in union.label and wants_probe(union)
 
 
+def test_a_part_the_probe_can_see_is_not_diluted_in_a_union() -> None:
+    """alpha's off-format answers: three arithmetic instances in one wording (a part the probe can
+    ask about as it is) and one instance each of three other categories, each worded its own way.
+    Only the three single-instance parts are joined for the probe; the arithmetic part stays
+    itself. (On BIG-Bench Hard seed 15 a union that swallowed a three-instance part was probed on
+    other members, and the repair the part alone would have led to was lost.)"""
+    from diagnosis_fixtures import answer_form, planted_suite, result_for
+    suite = planted_suite()
+    train = [i for i in suite.instances if i.split == "train"]
+    picked = set(sorted(i.id for i in train if i.category == "arithmetic")[:3])
+    picked |= {sorted(i.id for i in train if i.category == c)[0] for c in ("object-counting", "dates", "boolean")}
+    results = []
+    for inst in train:
+        alpha = f"{OPENERS[inst.category]}\n{answer_form(inst)}" if inst.id in picked else answer_form(inst)
+        beta = "" if inst.id in picked else answer_form(inst)  # beta fails them too, another way
+        results += [result_for("run-alpha", "alpha", inst, alpha), result_for("run-beta", "beta", inst, beta)]
+    failures = extract_failures(results, {i.id: i for i in suite.instances}, suite=suite.name, harness_version="h")
+    batch = BatchContext.build([(suite.name, r) for r in results], failures)
+    off = sorted((c for c in aggregate(failures, batch) if c.type == "off_format"), key=lambda c: len(c.categories))
+    assert [(len(c.instances), len(c.categories)) for c in off] == [(3, 1), (3, 3)], [c.label for c in off]
+    assert "merged from 3 smaller sub-patterns" in off[1].reason and "merged" not in off[0].reason
+
+
 def test_unrelated_slips_are_not_merged() -> None:
     failures, batch = planted_batch(patterns={"noise"})
     merged = aggregate(failures, batch)
