@@ -743,14 +743,18 @@ def aggregate(failures: Sequence[Failure], batch: BatchContext, *,
                  for group in _cluster_type(type_, by_type[type_], clustering)]
         if merge is not None and merge.applies(type_, parts):
             small = [c for c in parts if c.verdict == "noise"]
-            merged = _union(type_, small, batch, verdicts, scoring, previous_clusters)
+            merged: Cluster | None = _union(type_, small, batch, verdicts, scoring, previous_clusters)
             if merged.verdict != "harness-level":
                 # For the probe, only the parts it could not ask about on their own: a part of its
                 # size is probed as it is, not diluted in a union whose probed members differ.
-                small = [c for c in small if len(c.instances) < merge.probe_instances]
-                merged = (_union(type_, small, batch, verdicts, scoring, previous_clusters)
-                          if len(small) >= merge.min_parts else None)
-                merged = merged if merged is not None and merge.for_probe(merged) else None
+                tiny = [c for c in small if len(c.instances) < merge.probe_instances]
+                if len(tiny) < merge.min_parts:
+                    merged = None
+                elif len(tiny) < len(small):  # else the union of `small` is already this one
+                    merged = _union(type_, tiny, batch, verdicts, scoring, previous_clusters)
+                small = tiny
+                if merged is not None and not merge.for_probe(merged):
+                    merged = None
             if merged is not None:
                 merged.reason += f" (merged from {len(small)} smaller sub-patterns of this failure type)"
                 parts = [c for c in parts if not any(c is part for part in small)] + [merged]
