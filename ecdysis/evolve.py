@@ -31,6 +31,8 @@ from ecdysis.leases import Held, evolution_key
 from ecdysis.records import Instance
 from ecdysis.budget import CallBudget
 from ecdysis.events import EventSink
+from ecdysis.failures import conforms, expected_shape
+from ecdysis.probe import reads_only
 from ecdysis.runner import Runner, check_limit, pick_instances
 from ecdysis.strategies import STRATEGIES as STRATEGY_CLASSES
 from ecdysis.strategies import Strategy, strategy
@@ -676,6 +678,20 @@ class Evolver:
         measured = f"net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired{pooled})"
         errors = f"{cfg.screen_k:g} standard error{'' if cfg.screen_k == 1 else 's'} ({spread / (cfg.screen_k or 1):.2f})"
         if wins < cfg.screen_min_wins:
+            # Edited by a person, the files are no longer the catalogue repair its operator names.
+            as_proposed = _last_approval(self.store, pid) != "edit"
+            read, unread = _newly_read(proposal.spec.get("operator") if as_proposed else None, own, cfg.models,
+                                       parent, mine)
+            if read and not losses:
+                # A repair of how replies are read, on a cluster whose answers the harness could not
+                # read: what it claims is that it reads them, and the batch shows it does and breaks
+                # nothing. Whether the answers it reads are right is the model's; a batch of this
+                # size rarely shows a gain that small (answer extraction on BIG-Bench Hard: 0 won on
+                # 24 outcomes, +5 of 120 on validation), so the gate weighs what reading is worth.
+                return {**result, "read": len(read), "passed": True,
+                        "reason": f"screened alone on {current.id}: {measured}; it reads {len(read)} of the "
+                                  f"{unread} answers on its cluster the harness could not read and breaks "
+                                  "nothing, so validation weighs what reading them is worth"}
             why = (f"screened alone on {current.id}: {measured}; "
                    f"it repaired {'nothing' if not wins else f'only {wins}'} on the batch{' and before' if earlier else ''}")
             return {**result, "passed": False, "reason": why}
@@ -1077,6 +1093,27 @@ class Evolver:
         evo = getattr(self, "_current", None)
         if evo is not None and evo.result.get("cursor") is cur:
             self._save(evo)
+
+
+def _newly_read(operator: str | None, own: list[Instance], models: list[str], parent: dict[PairKey, Any],
+                mine: dict[PairKey, Any]) -> tuple[list[PairKey], int]:
+    """For a repair that only changes how replies are read (`probe.reads_only`), the outcomes of its
+    cluster's instances that failed with an answer of no form the task takes and now have one, right
+    or wrong, when they are at least two and most of those; else none. Also how many there were."""
+    if not reads_only(operator):
+        return [], 0
+    read: list[PairKey] = []
+    unread = 0
+    for inst in own:
+        shape = expected_shape(inst)
+        for model in models:
+            before, after = parent.get((model, inst.id)), mine.get((model, inst.id))
+            if before is None or after is None or before.correct or conforms(before.answer or "", shape, inst):
+                continue
+            unread += 1
+            if not after.error_type and conforms(after.answer or "", shape, inst):
+                read.append((model, inst.id))
+    return (read, unread) if len(read) >= 2 and 2 * len(read) > unread else ([], unread)
 
 
 def _samples(files: dict[str, str]) -> int:

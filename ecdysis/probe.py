@@ -68,7 +68,7 @@ def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exempl
         right, read = runner.right_and_read(patched, members)
         tried.append(f"{name} {len(right)}/{len(members)}")
         record["right"][name] = right
-        if unread and _reads_only(name):
+        if unread and reads_only(name):
             record.setdefault("read", {})[name] = read
             if len(read) >= 2 and 2 * len(read) > len(members):
                 # The fault is the harness's reading of a well-formed answer the reply holds: that it
@@ -101,7 +101,7 @@ def _answer_in_reply(cluster: Cluster) -> bool:
     return 2 * held > len(cluster.failures)
 
 
-def _reads_only(name: str) -> bool:
+def reads_only(name: str | None) -> bool:
     """A repair that rebinds only `extract_answer`: it cannot change what the model is asked, only
     how its reply is read (answer extraction, choice matching)."""
     return tuple(getattr(OPERATORS.get(name), "needs", ())) == ("extract_answer",)

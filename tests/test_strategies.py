@@ -602,7 +602,8 @@ def extract_answer(text, task):
 '''
 
 
-REPLIES = {"bare": "{t}", "wrapped": "Let me think.\nThe answer is {t}.", "trap": "{t}\nNot {u}.", "empty": ""}
+REPLIES = {"bare": "{t}", "wrapped": "Let me think.\nThe answer is {t}.", "trap": "{t}\nNot {u}.", "empty": "",
+           "misread": "Let me think.\nThe answer is {u}."}
 
 
 def kinds_world(tmp_path: Path, store, model_id: str, held_out: str, first_batch: Any) -> tuple[Service, str]:
@@ -703,6 +704,53 @@ def test_a_change_screened_again_is_judged_on_every_batch_it_was_screened_on(tmp
     second = alone.rows[1]
     assert [h.outcome for h in second.history if h.outcome != "rejected"] == ["rolled_back"], second.history
     assert second.calls_by_phase.get("validate") and alone.current_version == alone.base_version
+
+
+def test_a_repair_that_reads_answers_goes_to_validation_though_it_wins_nothing_on_the_batch(tmp_path: Path,
+                                                                                              store) -> None:
+    """The batch's off-format failures hold a well-formed answer the starter does not read, and that
+    answer is wrong (the model's fault); on validation the answers it holds are right. Screened on the batch, the repair wins nothing (0 won, 0 lost), and the screen's bar of one win
+    turned it down. What it claims is that it reads those answers, and it does, breaking nothing: it
+    goes on to validation, where it gains on every instance and is kept. A repair that changes the
+    prompt is still held to a win on the batch."""
+    model = "planted-misread"
+    svc, suite = kinds_world(tmp_path, store, model, "wrapped",
+                             lambda batch: {i.id: "misread" for i in batch[:4]})
+
+    def review(proposal):
+        if proposal.spec.get("operator") == "answer_extraction":
+            return "approve", "", None
+        return "reject", "one repair is enough", None
+
+    evo = Evolver(svc, reviewer=review)
+    done = evo.run(evo.create(config(suite, models=[model])).id)
+    report = svc.get_diagnosis(done.iterations[0]["diagnosis_id"]).report
+    cluster = next(c for c in report["clusters"] if c["type"] == "off_format")
+    assert cluster["verdict"] == "harness-level" and cluster["size"] == 4, cluster
+    fate = {h["operator"]: h for h in done.iterations[0]["history"]}["answer_extraction"]
+    assert fate["outcome"] == "kept", fate
+    screened = changes(done.iterations[0])["answer_extraction"]["screened"]
+    assert (screened["wins"], screened["losses"], screened["read"]) == (0, 0, 4), screened
+    assert screened["passed"] and "it reads 4 of the 4 answers on its cluster" in screened["reason"], screened
+    assert [h.outcome for h in done.rows[0].history if h.outcome != "rejected"] == ["kept"]
+    assert done.current_version != done.base_version and done.result["test_accuracy"] == 1.0
+
+    # The same repair edited by the reviewer to add a prompt line: no longer a repair of reading
+    # alone, it is held to the bar of one win, and wins nothing.
+    svc, suite = kinds_world(tmp_path, store, model, "wrapped", lambda batch: {i.id: "misread" for i in batch[:4]})
+
+    def edit(proposal):
+        if proposal.spec.get("operator") != "answer_extraction":
+            return "reject", "one repair is enough", None
+        files = svc.harness(proposal.harness_version).files
+        mine = svc.store.get_proposal(proposal.id).files
+        return "edit", "and ask for brevity", {**mine, "user.md": files["user.md"].rstrip("\n") + "\nBe brief.\n"}
+
+    evo = Evolver(svc, reviewer=edit)
+    edited = evo.run(evo.create(config(suite, models=[model], label="edited")).id)
+    fate = {h["operator"]: h for h in edited.iterations[0]["history"]}["answer_extraction"]
+    assert fate["outcome"] == "screened_out" and "0 won, 0 lost" in fate["why"], fate
+    assert "it repaired nothing on the batch" in fate["why"] and edited.current_version == edited.base_version
 
 
 def test_a_validation_the_budget_cannot_finish_is_not_started(world) -> None:
