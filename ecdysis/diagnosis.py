@@ -233,7 +233,8 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
              max_proposals: int | None = None, only_instances: Sequence[str] | None = None,
              events: EventSink | None = None, budget: CallBudget | None = None,
              history: Sequence[Mapping[str, Any]] = (), passes: int = 2, probe: bool = True,
-             alternatives: bool = True) -> DiagnosisReport:
+             alternatives: bool = True,
+             affordable: Callable[[dict[str, str]], str | None] | None = None) -> DiagnosisReport:
     """Diagnose the failures of `run_ids` as one batch.
 
     `role_backend` is "heuristic" (default, offline), a model name or model backend for the LLM
@@ -254,6 +255,9 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
     `alternatives`: in a whole-batch diagnosis with no proposal limit and model-played roles, a
     cluster whose roles ended on another repair than the engine's pick also gets the engine's pick
     as a second proposal (`_engine_alternative`); what screens both alone should ask for it.
+    `affordable(files)` says why the budget left cannot screen and validate such a harness (or
+    None): the Critic refuses a draft that adds model calls on that ground before paying for its
+    smoke run and headroom probes, and the roles turn to the next repair.
     Raises NotFound/InputError for unknown runs."""
     emit = events or (lambda e: None)
     started = time.perf_counter()
@@ -272,7 +276,7 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
                                      budget=budget),
                         limits or SandboxLimits(timeout_s=60.0),
                         scorers={name: s.scorer for name, s in batch.suites.items()})
-    checks = CriticChecks(index, smoke, dict(current_files or batch.harness.files))
+    checks = CriticChecks(index, smoke, dict(current_files or batch.harness.files), affordable=affordable)
     if probe and only_instances is None:
         scorers = {name: s.scorer for name, s in batch.suites.items()}
 

@@ -468,7 +468,7 @@ class Evolver:
                                      f"{len(scopes)}: {short}")
             if adopted is None:
                 before = self._spent()["calls"]
-                done[str(n)] = self._diagnose(evo, cfg, run_ids, scope, plan, budget)
+                done[str(n)] = self._diagnose(evo, cfg, run_ids, scope, plan, budget, cur)
                 # What each diagnosis of this iteration cost: the estimate for the ones after it,
                 # before any iteration has finished (an adopted one's calls are not known here).
                 cur.setdefault("diagnosis_calls", []).append(self._spent()["calls"] - before)
@@ -480,16 +480,27 @@ class Evolver:
         return ids, proposals
 
     def _diagnose(self, evo: EvolutionRecord, cfg: EvolveConfig, run_ids: list[str], scope: list[str] | None,
-                  plan: Strategy, budget: CallBudget) -> str:
+                  plan: Strategy, budget: CallBudget, cur: dict[str, Any]) -> str:
         # Per-instance scopes see one failing instance's feedback and repair it, whatever a
         # cross-instance view would say: that is those baselines' defining property.
+        batch = self._train_window(evo, cfg, cur["iteration"]) if plan.screens else None
+
+        def affordable(files: dict[str, str]) -> str | None:
+            """Why the budget left cannot screen (where the strategy screens) and validate a harness
+            with these files: asked by the Critic before it buys evidence for a costlier change."""
+            try:
+                candidate = new_version(files, parent=evo.current_version, note="cost estimate", status="candidate")
+            except InputError:
+                return None  # the Critic's own checks say what is wrong with it
+            return self._unaffordable(evo, cfg, cur, budget, candidate, screening=batch)
+
         report = diagnosis.diagnose(self.store, run_ids, suite_loader=self.svc.suite,
                                     role_backend=cfg.role_backend, smoke_model=self.svc.backend(cfg.models[0]),
                                     max_rounds=cfg.max_rounds, previous_clusters=self._previous_clusters(evo),
                                     backend_factory=self.svc.backend, limits=self.svc.limits(),
                                     only_instances=scope, max_proposals=plan.max_proposals(scope),
                                     history=self._history(evo), budget=budget, passes=cfg.passes,
-                                    alternatives=plan.screens)
+                                    alternatives=plan.screens, affordable=affordable)
         report.stats["scope"] = scope
         rec = diagnosis.store_report(self.store, report)
         evo.result.setdefault("diagnoses", []).append(rec.id)

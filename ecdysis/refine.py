@@ -14,7 +14,7 @@ import tomllib
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from ecdysis.diffs import ApplyResult, FileDiff, apply_diffs, diff_files
 from ecdysis.errors import BudgetExceeded, EcdysisError, InputError, ModelError
@@ -358,6 +358,9 @@ class CriticChecks:
     smoke: SmokeRunner
     current_files: dict[str, str]
     leakage: LeakageCheck = field(default_factory=LeakageCheck)
+    # Why the budget left could not screen and validate a harness with these files, or None (an
+    # evolution's; a lone diagnosis has no such limit). Asked of drafts that add model calls only.
+    affordable: Callable[[dict[str, str]], str | None] | None = None
 
     def run(self, case: CaseFile, draft: Draft) -> tuple[list[CheckResult], list[FileDiff]]:
         diffs = diff_files(case.files, draft.files)
@@ -369,10 +372,17 @@ class CriticChecks:
         else:
             # A patch that repeats a repair already present, or does not apply, is not run (it has
             # failed already): the same wrapper applied twice calls itself, call after call.
-            if all(r.ok for r in results):
+            more = expected_calls(draft.files) > expected_calls(case.files)
+            short = self.affordable(draft.files) if more and self.affordable is not None else None
+            if short:
+                # Its smoke run and headroom probes would buy evidence for a change no validation
+                # could follow (on BIG-Bench Hard, 5-sample voting's probes took about 100 calls of an
+                # iteration whose validation then could not be paid for).
+                results.append(CheckResult("affordable", False, f"not affordable: {short}"))
+            elif all(r.ok for r in results):
                 key = self._smoke_key(case)
                 results.append(self.smoke.run(draft.files, self.index.instances[key], key.split("/", 1)[0]))
-                if results[-1].ok and expected_calls(draft.files) > expected_calls(case.files):
+                if results[-1].ok and more:
                     results.append(self._headroom(case, draft))
         results.append(self.leakage.check(diffs, draft.spec, self.index))
         return results, diffs

@@ -844,3 +844,36 @@ def test_the_engines_pick_is_screened_beside_the_role_models_and_kept_when_it_al
                                                strategy="per-instance")).id)
     made = [p for d in base.result["diagnoses"] for p in svc.store.list_proposals(diagnosis_id=d)]
     assert made and not any(p.data.get("alternative") for p in made)
+
+
+def test_the_critic_buys_no_evidence_for_a_costlier_change_the_budget_could_not_validate(world) -> None:
+    """A role model names 5-sample voting for every cluster. Without a limit, the Critic's smoke runs
+    and headroom probes of voting cost 139 calls of the diagnosis (voting recovers nothing and is
+    refused), and answer extraction is kept. With 150 calls in all, that diagnosis left too little:
+    the evolution kept nothing. Now the Critic first asks whether screening and validating voting
+    would fit in what is left, refuses it on that ground without running it, and the roles' next
+    repairs are screened and validated within the budget."""
+    svc, suite, _ = world
+    habit_roles("habit-vote", "self_consistency")
+    free = Evolver(svc)
+    unlimited = free.run(free.create(config(suite, role_backend="habit-vote", auto_approve=True, charge_cached=True,
+                                            label="free")).id)
+    assert unlimited.iterations[0]["calls_by_phase"]["diagnose"] == 139, unlimited.iterations[0]["calls_by_phase"]
+
+    tight = Evolver(svc)
+    evo = tight.run(tight.create(config(suite, role_backend="habit-vote", auto_approve=True, charge_cached=True,
+                                        label="tight", max_model_calls=150)).id)
+    row = evo.iterations[0]
+    refused = [p for p in svc.store.list_proposals(diagnosis_id=row["diagnosis_id"])
+               if p.spec.get("operator") == "self_consistency"]
+    assert len(refused) == 2 and all(p.status == "rejected" for p in refused)
+    for p in refused:
+        checks = {c["name"]: c for c in p.data["checks"]}
+        assert not checks["affordable"]["ok"] and "headroom" not in checks and "loads" not in checks, checks
+        assert "not affordable: screening (60) and validation (72) would need about 132" in checks["affordable"]["detail"]
+    others = [p for p in svc.store.list_proposals(diagnosis_id=row["diagnosis_id"]) if p not in refused]
+    assert others and not any(c["name"] == "affordable" for p in others for c in p.data["checks"])  # they fit
+    assert row["calls_by_phase"]["diagnose"] < 50, row["calls_by_phase"]
+    fate = {h["operator"]: h["outcome"] for h in row["history"]}
+    assert fate["answer_extraction"] == "kept", row["history"]
+    assert evo.current_version != evo.base_version and evo.result["spent"]["calls"] <= 150
