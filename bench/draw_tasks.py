@@ -16,6 +16,11 @@ this script picks them by a rule fixed before any of them is run:
 
     python bench/draw_tasks.py            # prints the suite name, e.g. bigbench:a+b+c+d
     python bench/draw_tasks.py --json     # with the rule's figures for every task it looked at
+    python bench/draw_tasks.py --source bbh   # from BIG-Bench Hard, by the same rule
+
+BIG-Bench Hard (`--source bbh`) holds BBH versions of most of the nine (`USED_BBH`), which are
+left out the same way. Its tasks have at most 250 examples, so the least size there is
+`MIN_SIZE_BBH`; the cost rule is the same.
 """
 
 from __future__ import annotations
@@ -31,36 +36,47 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ecdysis.suites import bigbench_catalogue, load_suite  # noqa: E402
+from ecdysis.suites.bbh import bbh_dir  # noqa: E402
 
 USED = frozenset({"causal_judgment", "disambiguation_qa", "logical_deduction", "sports_understanding",
                   "temporal_sequences", "date_understanding", "formal_fallacies_syllogisms_negation",
                   "navigate", "strategyqa"})
+USED_BBH = frozenset({"causal_judgement", "disambiguation_qa", "logical_deduction_three_objects",
+                      "logical_deduction_five_objects", "logical_deduction_seven_objects", "sports_understanding",
+                      "temporal_sequences", "date_understanding", "formal_fallacies", "navigate"})
 MIN_SIZE = 300
+MIN_SIZE_BBH = 200
 MAX_CHARS = 1200
 MAX_CHOICES = 6
 
 
-def eligible(rows: list[dict]) -> dict[str, list[str]]:
+def eligible(rows: list[dict], prefix: str = "bigbench:", used: frozenset[str] = USED,
+             min_size: int = MIN_SIZE) -> dict[str, list[str]]:
     """Task names by scorer ("multiple_choice", "exact") that pass the catalogue part of the rule."""
     out: dict[str, list[str]] = {"multiple_choice": [], "exact": []}
     for row in rows:
-        task = row["name"].removeprefix("bigbench:")
-        if task in USED or row["scorer"] not in out or len(row["categories"]) != 1 or row["size"] < MIN_SIZE:
+        task = row["name"].removeprefix(prefix)
+        if task in used or row["scorer"] not in out or len(row["categories"]) != 1 or row["size"] < min_size:
             continue
         out[row["scorer"]].append(task)
     return {k: sorted(v) for k, v in out.items()}
 
 
-def cost_figures(task: str) -> dict:
+def cost_figures(task: str, prefix: str = "bigbench:") -> dict:
     """The median input length and the largest number of options, read from the task's instances."""
-    suite = load_suite("bigbench:" + task)
+    suite = load_suite(prefix + task)
     lengths = [len(i.input) for i in suite.instances]
     choices = [len(i.choices or ()) for i in suite.instances]
     return {"task": task, "median_chars": int(statistics.median(lengths)), "max_choices": max(choices, default=0)}
 
 
-def draw(seed: str, n_choice: int, n_exact: int) -> tuple[list[str], list[dict]]:
-    pools = eligible(bigbench_catalogue(build=False))
+def draw(seed: str, n_choice: int, n_exact: int, source: str = "bigbench") -> tuple[list[str], list[dict]]:
+    if source == "bbh":
+        prefix = "bbh:"
+        pools = eligible(bigbench_catalogue(bbh_dir(), build=False, prefix=prefix), prefix, USED_BBH, MIN_SIZE_BBH)
+    else:
+        prefix = "bigbench:"
+        pools = eligible(bigbench_catalogue(build=False))
     picked: list[str] = []
     looked: list[dict] = []
     for scorer, wanted in (("multiple_choice", n_choice), ("exact", n_exact)):
@@ -70,7 +86,7 @@ def draw(seed: str, n_choice: int, n_exact: int) -> tuple[list[str], list[dict]]
         for task in order:
             if taken == wanted:
                 break
-            fig = cost_figures(task)
+            fig = cost_figures(task, prefix)
             fig["passes"] = fig["median_chars"] <= MAX_CHARS and (scorer == "exact" or fig["max_choices"] <= MAX_CHOICES)
             fig["scorer"] = scorer
             looked.append(fig)
@@ -85,10 +101,13 @@ def main() -> None:
     parser.add_argument("--seed", default="ecdysis-round7")
     parser.add_argument("--choice", type=int, default=2)
     parser.add_argument("--exact", type=int, default=2)
+    parser.add_argument("--source", choices=("bigbench", "bbh"), default="bigbench")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    picked, looked = draw(args.seed, args.choice, args.exact)
-    name = "bigbench:" + "+".join(picked)
+    picked, looked = draw(args.seed, args.choice, args.exact, args.source)
+    if not picked:
+        raise SystemExit(f"no task of {args.source} is listed here: run scripts/setup.sh first")
+    name = ("bbh:" if args.source == "bbh" else "bigbench:") + "+".join(picked)
     if args.json:
         print(json.dumps({"seed": args.seed, "suite": name, "looked_at": looked}, indent=2))
     else:

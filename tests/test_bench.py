@@ -150,3 +150,25 @@ def test_a_drawn_mixture_follows_its_rule_and_the_same_seed_draws_it_again() -> 
     again = subprocess.run([sys.executable, "bench/draw_tasks.py"], cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "bigbench:" + "+".join(picked)
+
+
+def test_a_mixture_drawn_from_big_bench_hard_leaves_out_the_tasks_looked_at_before() -> None:
+    """The same rule on BIG-Bench Hard: none of the BBH versions of the nine tasks, two of each
+    answer form, each within the cost rule, and the command line prints the same suite."""
+    from draw_tasks import MAX_CHARS, MIN_SIZE_BBH, USED_BBH, draw
+
+    from ecdysis.suites import bigbench_catalogue
+    from ecdysis.suites.bbh import bbh_dir
+    rows = {r["name"].removeprefix("bbh:"): r for r in bigbench_catalogue(bbh_dir(), build=False, prefix="bbh:")}
+    if "navigate" not in rows:
+        pytest.skip("BIG-Bench Hard is not set up: run scripts/setup.sh")
+    assert USED_BBH <= set(rows)  # every name left out is a real BBH task
+    picked, looked = draw("ecdysis-bbh-round13", 2, 2, "bbh")
+    assert len(picked) == 4 and not set(picked) & USED_BBH
+    assert [rows[t]["scorer"] for t in picked] == ["multiple_choice"] * 2 + ["exact"] * 2
+    assert all(rows[t]["size"] >= MIN_SIZE_BBH for t in picked)
+    assert all(f["passes"] and f["median_chars"] <= MAX_CHARS for f in looked if f["task"] in picked)
+    again = subprocess.run([sys.executable, "bench/draw_tasks.py", "--source", "bbh", "--seed", "ecdysis-bbh-round13"],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == "bbh:" + "+".join(picked)
