@@ -603,7 +603,7 @@ def extract_answer(text, task):
 
 
 REPLIES = {"bare": "{t}", "wrapped": "Let me think.\nThe answer is {t}.", "trap": "{t}\nNot {u}.", "empty": "",
-           "misread": "Let me think.\nThe answer is {u}."}
+           "misread": "Let me think.\nThe answer is {u}.", "steps": "Step 1 of 2.\nThe answer is {t}."}
 
 
 def kinds_world(tmp_path: Path, store, model_id: str, held_out: str, first_batch: Any) -> tuple[Service, str]:
@@ -751,6 +751,70 @@ def test_a_repair_that_reads_answers_goes_to_validation_though_it_wins_nothing_o
     fate = {h["operator"]: h for h in edited.iterations[0]["history"]}["answer_extraction"]
     assert fate["outcome"] == "screened_out" and "0 won, 0 lost" in fate["why"], fate
     assert "it repaired nothing on the batch" in fate["why"] and edited.current_version == edited.base_version
+
+
+FIRST_NUMBER = '''
+
+import re as _planted_re_first
+_planted_before_first = extract_answer
+
+
+def extract_answer(text, task):
+    numbers = _planted_re_first.findall(r"-?\\d+", text)
+    return numbers[0] if numbers else _planted_before_first(text, task)
+'''
+
+
+def test_of_changes_the_batch_cannot_tell_apart_the_cheapest_is_validated_first(tmp_path: Path, store) -> None:
+    """Two changes survive screening, neither by more than the batch's noise: "read the last number"
+    at two calls an instance (4 won, 1 lost: net +3, two standard errors 4.5) and "read the first
+    number" at one (1 won, 0 lost). Validation shows both right everywhere. Ranked by the batch's
+    net gain, the costlier went first and was kept, and the evolution ended on a harness that makes
+    twice the calls for the same accuracy. The cheaper one goes first now, is kept, and the other,
+    screened again on top of it, gains nothing on validation."""
+    model = "planted-order"
+    svc, suite = kinds_world(tmp_path, store, model, "wrapped", lambda batch: {
+        batch[0].id: "steps", batch[1].id: "steps", batch[2].id: "steps", batch[3].id: "trap",
+        batch[4].id: "wrapped"} | {i.id: "empty" for i in batch[5:8]})
+    made: list[str] = []
+
+    def review(proposal):
+        if len(made) == 2:
+            return "reject", "two changes are enough", None
+        made.append(proposal.id)
+        code = svc.harness(proposal.harness_version).files["harness.py"].rstrip("\n") + "\n"
+        if len(made) == 1:
+            return "edit", "read the last number, asked twice", {"harness.py": code + LAST_NUMBER + TWICE}
+        return "edit", "read the first number", {"harness.py": code + FIRST_NUMBER}
+
+    evo = Evolver(svc, reviewer=review)
+    done = evo.run(evo.create(config(suite, models=[model], iterations=1)).id)
+    row = done.iterations[0]
+    twice, first = made
+    fate = {h["proposal_id"]: h for h in row["history"]}
+    assert fate[first]["outcome"] == "kept", row["history"]
+    validated = [c["proposal_id"] for st in row["steps"] for c in st["changes"]]
+    assert validated[0] == first, validated
+    first_screen = next(c["screened"] for st in row["steps"] for c in st["changes"] if c["proposal_id"] == first)
+    assert (first_screen["wins"], first_screen["losses"]) == (1, 0), first_screen
+    assert fate[twice]["outcome"] in ("rolled_back", "screened_out"), fate[twice]
+    kept = svc.harness(done.current_version)
+    assert "_planted_before_first" in kept.files["harness.py"] and "_planted_once" not in kept.files["harness.py"]
+    assert done.result["test_accuracy"] == 1.0
+
+    # What the batch says of the costlier change alone: more wins than the cheaper one, within noise.
+    once: list[str] = []
+
+    def alone(proposal):
+        if once:
+            return "reject", "one change", None
+        once.append(proposal.id)
+        code = svc.harness(proposal.harness_version).files["harness.py"].rstrip("\n") + "\n"
+        return "edit", "read the last number, asked twice", {"harness.py": code + LAST_NUMBER + TWICE}
+    evo = Evolver(svc, reviewer=alone)
+    costly = evo.run(evo.create(config(suite, models=[model], iterations=1, label="alone")).id)
+    own = next(c["screened"] for st in costly.iterations[0]["steps"] for c in st["changes"])
+    assert (own["wins"], own["losses"], own["extra_calls"]) == (4, 1, 1.0), own
 
 
 def test_a_validation_the_budget_cannot_finish_is_not_started(world) -> None:
