@@ -376,8 +376,8 @@ class CriticChecks:
             short = self.affordable(draft.files) if more and self.affordable is not None else None
             if short:
                 # Its smoke run and headroom probes would buy evidence for a change no validation
-                # could follow (on BIG-Bench Hard, 5-sample voting's probes took about 100 calls of an
-                # iteration whose validation then could not be paid for).
+                # could follow (on BIG-Bench Hard, a diagnosis that smoke-ran and probed 5-sample
+                # voting took 123 calls of an iteration that could not then validate it).
                 results.append(CheckResult("affordable", False, f"not affordable: {short}"))
             elif all(r.ok for r in results):
                 key = self._smoke_key(case)
