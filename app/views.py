@@ -590,6 +590,7 @@ def change_rows(e: EvolutionRecord) -> list[dict[str, Any]]:
                 "predicted": (c.predicted[:160] if c else "") or None,
                 "screened": (f"net {sc.net:+d} ({sc.wins} won, {sc.losses} lost of {sc.n}"
                              + (f", {sc.earlier} from earlier batches)" if sc.earlier else ")")
+                             + (f"; reads {sc.read} answers that went unread" if sc.read else "")
                              if sc and sc.n is not None and sc.net is not None else None),
                 "calls/instance": (f"{sc.parent_calls or 0:g} → {sc.candidate_calls:g}"
                                    if sc and sc.candidate_calls is not None else None),

@@ -91,6 +91,7 @@ class Screening:
     extra_calls: float | None = None
     passed: bool | None = None
     reason: str = ""
+    read: int | None = None  # a repair of reading passed on this many answers it now reads
 
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None) -> Screening | None:

@@ -734,6 +734,9 @@ def test_a_repair_that_reads_answers_goes_to_validation_though_it_wins_nothing_o
     assert screened["passed"] and "it reads 4 of the 4 answers on its cluster" in screened["reason"], screened
     assert [h.outcome for h in done.rows[0].history if h.outcome != "rejected"] == ["kept"]
     assert done.current_version != done.base_version and done.result["test_accuracy"] == 1.0
+    from app import views
+    shown = {r["operator"]: r for r in views.change_rows(done)}["answer_extraction"]
+    assert shown["screened"] == "net +0 (0 won, 0 lost of 12); reads 4 answers that went unread", shown
 
     # The same repair edited by the reviewer to add a prompt line: no longer a repair of reading
     # alone, it is held to the bar of one win, and wins nothing.
