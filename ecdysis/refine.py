@@ -317,7 +317,7 @@ class SmokeRunner:
 
     def recovered(self, files: dict[str, str], members: Sequence[tuple[str, Instance]]) -> list[str]:
         """The keys ("suite/id") of `members` (failures) the patched harness now gets right."""
-        return [key for key, inst in members if self.still_passes(files, inst, key.split("/", 1)[0])]
+        return self.right_and_read(files, members)[0]
 
     def right_and_read(self, files: dict[str, str],
                        members: Sequence[tuple[str, Instance]]) -> tuple[list[str], list[str]]:
@@ -329,12 +329,13 @@ class SmokeRunner:
         right, read = [], []
         for key, inst in members:
             outcome, _, _ = self._solve(files, inst)
-            answer = (outcome.answer or "").strip()
-            if outcome.error_type or not answer:
-                continue
-            if conforms(answer, expected_shape(inst), inst):
+            if outcome.error_type or outcome.answer is None:
+                continue  # what `run` fails
+            answer = outcome.answer.strip()
+            if answer and conforms(answer, expected_shape(inst), inst):
                 read.append(key)
-            if self._score(answer, inst, self.scorers.get(key.split("/", 1)[0])) == " (correct)":
+            # Scored as `run` scores a smoke run: the answer as the harness returned it.
+            if self._score(outcome.answer, inst, self.scorers.get(key.split("/", 1)[0])) == " (correct)":
                 right.append(key)
         return right, read
 
