@@ -373,18 +373,19 @@ class CriticChecks:
         else:
             # A patch that repeats a repair already present, or does not apply, is not run (it has
             # failed already): the same wrapper applied twice calls itself, call after call.
-            more = expected_calls(draft.files) > expected_calls(case.files)
-            short = self.affordable(draft.files) if more and self.affordable is not None else None
-            if short:
-                # Its smoke run and headroom probes would buy evidence for a change no validation
-                # could follow (on BIG-Bench Hard, a diagnosis that smoke-ran and probed 5-sample
-                # voting took 123 calls of an iteration that could not then validate it).
-                results.append(CheckResult("affordable", False, f"not affordable: {short}"))
-            elif all(r.ok for r in results):
-                key = self._smoke_key(case)
-                results.append(self.smoke.run(draft.files, self.index.instances[key], key.split("/", 1)[0]))
-                if results[-1].ok and more:
-                    results.append(self._headroom(case, draft))
+            if all(r.ok for r in results):
+                more = expected_calls(draft.files) > expected_calls(case.files)
+                short = self.affordable(draft.files) if more and self.affordable is not None else None
+                if short:
+                    # Its smoke run and headroom probes would buy evidence for a change no validation
+                    # could follow (on BIG-Bench Hard, a diagnosis that smoke-ran and probed 5-sample
+                    # voting took 123 calls of an iteration that could not then validate it).
+                    results.append(CheckResult("affordable", False, f"not affordable: {short}"))
+                else:
+                    key = self._smoke_key(case)
+                    results.append(self.smoke.run(draft.files, self.index.instances[key], key.split("/", 1)[0]))
+                    if results[-1].ok and more:
+                        results.append(self._headroom(case, draft))
         results.append(self.leakage.check(diffs, draft.spec, self.index))
         return results, diffs
 
