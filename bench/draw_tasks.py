@@ -46,6 +46,7 @@ USED_BBH = frozenset({"causal_judgement", "disambiguation_qa", "logical_deductio
                       "temporal_sequences", "date_understanding", "formal_fallacies", "navigate"})
 MIN_SIZE = 300
 MIN_SIZE_BBH = 200
+PREFIX = {"bigbench": "bigbench:", "bbh": "bbh:"}  # a task's suite name is its source's prefix + its name
 MAX_CHARS = 1200
 MAX_CHOICES = 6
 
@@ -71,11 +72,10 @@ def cost_figures(task: str, prefix: str = "bigbench:") -> dict:
 
 
 def draw(seed: str, n_choice: int, n_exact: int, source: str = "bigbench") -> tuple[list[str], list[dict]]:
+    prefix = PREFIX[source]
     if source == "bbh":
-        prefix = "bbh:"
         pools = eligible(bigbench_catalogue(bbh_dir(), build=False, prefix=prefix), prefix, USED_BBH, MIN_SIZE_BBH)
     else:
-        prefix = "bigbench:"
         pools = eligible(bigbench_catalogue(build=False))
     picked: list[str] = []
     looked: list[dict] = []
@@ -101,13 +101,13 @@ def main() -> None:
     parser.add_argument("--seed", default="ecdysis-round7")
     parser.add_argument("--choice", type=int, default=2)
     parser.add_argument("--exact", type=int, default=2)
-    parser.add_argument("--source", choices=("bigbench", "bbh"), default="bigbench")
+    parser.add_argument("--source", choices=sorted(PREFIX), default="bigbench")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     picked, looked = draw(args.seed, args.choice, args.exact, args.source)
     if not picked:
         raise SystemExit(f"no task of {args.source} is listed here: run scripts/setup.sh first")
-    name = ("bbh:" if args.source == "bbh" else "bigbench:") + "+".join(picked)
+    name = PREFIX[args.source] + "+".join(picked)
     if args.json:
         print(json.dumps({"seed": args.seed, "suite": name, "looked_at": looked}, indent=2))
     else:
