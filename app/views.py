@@ -581,20 +581,24 @@ def change_rows(e: EvolutionRecord) -> list[dict[str, Any]]:
     screened alone on its cluster (paired wins and losses, calls per instance), then validated."""
     rows = []
     for r in e.rows:
-        measured = {c.proposal_id: c for st in r.steps or () for c in st.changes}
+        # The last step each change was in, and the changes validated with it there (a pair).
+        measured = {c.proposal_id: (c, [o.operator or o.proposal_id for o in st.changes if o is not c])
+                    for st in r.steps or () for c in st.changes}
         for h in r.history:
-            c = measured.get(h.proposal_id)
+            c, others = measured.get(h.proposal_id, (None, []))
             sc, val = (c.screened, c.measured) if c else (None, None)
+            jointly = f"; with {', '.join(others)}" if others else ""
             rows.append({
                 "iteration": r.iteration, "proposal": h.proposal_id, "operator": h.operator or "edit",
                 "predicted": (c.predicted[:160] if c else "") or None,
                 "screened": (f"net {sc.net:+d} ({sc.wins} won, {sc.losses} lost of {sc.n}"
                              + (f", {sc.earlier} from earlier batches)" if sc.earlier else ")")
-                             + (f"; reads {sc.read} answers that went unread" if sc.read else "")
+                             + (f"; reads {sc.read} answers that went unread" if sc.read else "") + jointly
                              if sc and sc.n is not None and sc.net is not None else None),
                 "calls/instance": (f"{sc.parent_calls or 0:g} → {sc.candidate_calls:g}"
                                    if sc and sc.candidate_calls is not None else None),
-                "validated": (f"{100 * val.val_delta:+.1f} pts ({val.wins} won, {val.losses} lost)" if val else None),
+                "validated": (f"{100 * val.val_delta:+.1f} pts ({val.wins} won, {val.losses} lost){jointly}"
+                              if val else None),
                 "outcome": h.outcome.replace("_", " "), "why": h.why or None})
     return rows
 

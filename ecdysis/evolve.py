@@ -101,6 +101,14 @@ class EvolveConfig:
     # has its paired outcomes there pooled with this batch's: both sides are paid for already, so
     # the verdict rests on more outcomes at no cost (False: each batch judged alone, as before).
     screen_pool: bool = True
+    # Pairs: a change refused on validation without a loss the validation can tell (a near miss) is
+    # screened again composed with a change that survives screening later on the same harness.
+    # Where on the batch the pair beats that change alone, the pair is validated before it, and
+    # kept only if it also beats the near miss's own validation by the gate's minimum. Two changes
+    # can each fail alone and pass together (on a BIG-Bench Hard mixture, an answer-format
+    # instruction at -3 and option scoring at +2 of 120, together +10); greedy selection, which
+    # keeps one change before it tries the next on top, never reaches such a pair.
+    complements: bool = True
     charge_cached: bool = False    # benchmarks sharing one cache: a cached answer costs its call
     seed: int = 0                  # != 0: the train split is shuffled by it before batches are cut
 
@@ -292,8 +300,9 @@ class Evolver:
                 else:
                     self._finish_step(evo, cur, None)
         elif phase == "validate":
-            screened = [cur.get("screen", {}).get(a["proposal_id"]) or {} for a in cur.get("applied", [])
-                        if a.get("applied")]
+            together = cur.get("screen", {}).get("+".join(self._group(cur)))
+            screened = [together] if together else [
+                cur.get("screen", {}).get(a["proposal_id"]) or {} for a in cur.get("applied", []) if a.get("applied")]
             rates = [sc["candidate_calls"] for sc in screened
                      if sc.get("against") == evo.current_version and sc.get("candidate_calls") is not None]
             short = self._unaffordable(evo, cfg, cur, budget, self.svc.harness(cur["candidate"]),
@@ -310,7 +319,10 @@ class Evolver:
         elif phase == "judge":
             verdict = GateVerdict.parse(cur["verdict"])
             self._finish_step(evo, cur, verdict)
-            cur["phase"] = "rescreen" if plan.screens and verdict is not None and verdict.passed else "apply"
+            # Kept: what is left is screened again on top of it. Refused: with `complements`, it may
+            # complete a change still to be validated.
+            again = verdict is not None and (verdict.passed or cfg.complements)
+            cur["phase"] = "rescreen" if plan.screens and again else "apply"
         elif phase == "rescreen":
             self._rescreen(evo, cfg, cur, budget)
             cur["phase"] = "apply"
@@ -591,11 +603,13 @@ class Evolver:
                     if (p := self.store.get_proposal(pid)) is not None and p.status in lifecycle.COMPOSABLE]
         if not plan.screens:
             return [[pid] for pid in approved] if plan.one_at_a_time else ([approved] if approved else [])
-        return [[pid] for pid in self._survivors(evo, cfg, cur, approved, budget)]
+        return self._survivors(evo, cfg, cur, approved, budget)
 
     def _survivors(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], pids: list[str],
-                   budget: CallBudget) -> list[str]:
-        """`pids` screened against the version kept so far, the survivors best first."""
+                   budget: CallBudget) -> list[list[str]]:
+        """`pids` screened against the version kept so far, the survivors best first, each as a
+        group of one, and before it, with `complements`, a pair of it and a near miss when the
+        batch says the pair is better than the change alone."""
         screened: dict[str, dict[str, Any]] = cur.setdefault("screen", {})
         for pid in pids:
             if screened.get(pid, {}).get("against") != evo.current_version:
@@ -613,37 +627,108 @@ class Evolver:
             r = screened[pid]
             clear = r["net"] > cfg.screen_k * math.sqrt(r.get("wins", 0) + r.get("losses", 0))
             return (not clear, -r["net"] if clear else r["extra_calls"], -r["net"], r["extra_calls"], pids.index(pid))
-        return sorted(survivors, key=order)
+        ordered = sorted(survivors, key=order)
+        if not cfg.complements:
+            return [[pid] for pid in ordered]
+        misses = self._near_misses(evo, cfg, cur)
+        tried = {frozenset(c["proposal_id"] for c in st.get("changes", [])) for st in cur.get("steps", [])}
+        groups: list[list[str]] = []
+        for pid in ordered:
+            proposal = self.store.get_proposal(pid)
+            operator = proposal.spec.get("operator") if proposal else None
+            for miss in misses:
+                if miss["proposal_id"] == pid or (operator and miss["operator"] == operator):
+                    continue
+                pair = [miss["proposal_id"], pid]
+                if frozenset(pair) not in tried:
+                    key = "+".join(pair)
+                    if screened.get(key, {}).get("against") != evo.current_version:
+                        screened[key] = self._screen(evo, cfg, cur, pid, budget, group=pair)
+                        if screened[key].get("candidate") and "n" in screened[key]:
+                            screened[key]["over_alone"] = self._over_alone(screened[key], screened[pid])
+                        screened[key]["near_miss"] = miss
+                        self._save_cursor_only(cur)
+                    if screened[key].get("passed") and screened[key].get("over_alone", {}).get("net", 0) > 0:
+                        groups.append(pair)
+                break  # the best near miss only: each pair screened costs a batch
+            groups.append([pid])
+        return groups
+
+    def _over_alone(self, together: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
+        """A pair's screened outcomes paired against its later member's screened alone, on the
+        outcomes both have (paid for already)."""
+        mine, single = (self._paid_results(together["candidate"], "train"),
+                        self._paid_results(alone.get("candidate", ""), "train"))
+        keys = sorted(k for k in mine if k in single)
+        _, wins, losses = paired({k: single[k].correct for k in keys}, {k: mine[k].correct for k in keys})
+        return {"n": len(keys), "wins": wins, "losses": losses, "net": wins - losses}
+
+    def _near_misses(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any]) -> list[dict[str, Any]]:
+        """Changes validated alone on the version kept so far and refused, but not for a loss the
+        validation can tell (net below -`screen_k` standard errors of its paired outcomes): the
+        largest net first, then the fewest extra calls."""
+        steps = [st for row in evo.iterations for st in row.get("steps", [])] + list(cur.get("steps", []))
+        found: dict[str, dict[str, Any]] = {}
+        for st in steps:
+            verdict = GateVerdict.parse(st.get("verdict"))
+            if (verdict is None or st.get("kept") or st.get("parent") != evo.current_version
+                    or len(st.get("changes", [])) != 1):
+                continue
+            net = verdict.wins - verdict.losses
+            if -net > cfg.screen_k * math.sqrt(verdict.wins + verdict.losses):
+                continue
+            change = st["changes"][0]
+            proposal = self.store.get_proposal(change["proposal_id"])
+            if proposal is None or proposal.status not in lifecycle.COMPOSABLE:
+                continue
+            found[change["proposal_id"]] = {
+                "proposal_id": change["proposal_id"], "operator": change.get("operator") or "",
+                "candidate": st.get("candidate"), "wins": verdict.wins, "losses": verdict.losses, "net": net,
+                "extra_calls": (change.get("measured") or {}).get("extra_calls") or 0.0}
+        return sorted(found.values(), key=lambda m: (-m["net"], m["extra_calls"]))
 
     def _rescreen(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], budget: CallBudget) -> None:
         """After a change is kept, the approved changes not yet validated are screened again on top
         of it (greedy forward selection): one that gained nothing alone may complete the kept one
         (an answer-extraction fix after a format instruction), and one that gained alone may add
         nothing now."""
-        validated = {c["proposal_id"] for st in cur.get("steps", []) for c in st.get("changes", [])}
-        validated |= {a["proposal_id"] for st in cur.get("steps", []) for a in st.get("skipped", []) if "proposal_id" in a}
+        steps = cur.get("steps", [])
+        # Validated: alone, or in a kept step. A pair refused leaves its later member to be
+        # validated alone, as it would have been had the pair not been tried.
+        validated = {c["proposal_id"] for st in steps for c in st.get("changes", [])
+                     if st.get("kept") or len(st.get("changes", [])) == 1}
+        validated |= {a["proposal_id"] for st in steps for a in st.get("skipped", []) if "proposal_id" in a}
+        in_pairs = {c["proposal_id"] for st in steps if len(st.get("changes", [])) > 1 for c in st["changes"]}
         rest = [pid for pid in cur["proposal_ids"] if pid not in validated
-                and (p := self.store.get_proposal(pid)) is not None and p.status in ("approved", "edited")]
-        cur["queue"] = cur["queue"][:cur["step"]] + [[pid] for pid in self._survivors(evo, cfg, cur, rest, budget)]
+                and (p := self.store.get_proposal(pid)) is not None
+                and (p.status in ("approved", "edited") or (pid in in_pairs and p.status in lifecycle.COMPOSABLE))]
+        cur["queue"] = cur["queue"][:cur["step"]] + self._survivors(evo, cfg, cur, rest, budget)
 
     def _screen(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], pid: str,
-                budget: CallBudget) -> dict[str, Any]:
-        proposal = self.store.get_proposal(pid)
-        chosen = approved_files(self.store, proposal) if proposal else None
-        if proposal is None or chosen is None:
+                budget: CallBudget, *, group: list[str] | None = None) -> dict[str, Any]:
+        """`pid` screened on the batch on top of the version kept so far, or with `group` (pid last)
+        the changes of the group composed and screened as one."""
+        members = group or [pid]
+        proposals = [self.store.get_proposal(m) for m in members]
+        chosen_files = [approved_files(self.store, p) if p else None for p in proposals]
+        proposal = proposals[-1]
+        if proposal is None or any(p is None for p in proposals) or any(c is None for c in chosen_files):
             return {"passed": False, "net": 0, "extra_calls": 0.0, "reason": "no approved files"}
         # Screened on top of the version kept so far (the iteration's start, or a change kept since).
         current = self.svc.harness(evo.current_version)
-        origin = self.store.get_harness(proposal.harness_version) or current
         against = {"against": current.id}
-        patch = [FileDiff.from_json(d) for d in _diffs_between(origin.files, {**origin.files, **chosen})]
-        applied = apply_diffs(current.files, patch)
-        if not applied.ok:
-            return {**against, "passed": False, "net": 0, "extra_calls": 0.0,
-                    "reason": "its patch no longer applies: " + "; ".join(applied.failures)}
+        files: dict[str, str] = dict(current.files)
+        for member, chosen in zip(proposals, chosen_files):
+            origin = self.store.get_harness(member.harness_version) or current  # type: ignore[union-attr]
+            patch = [FileDiff.from_json(d) for d in _diffs_between(origin.files, {**origin.files, **chosen})]  # type: ignore[dict-item]
+            applied = apply_diffs(files, patch)
+            if not applied.ok:
+                return {**against, "passed": False, "net": 0, "extra_calls": 0.0,
+                        "reason": "its patch no longer applies: " + "; ".join(applied.failures)}
+            files = applied.files  # type: ignore[assignment]
+        what = " with ".join(str(p.spec.get("operator") or p.id) for p in proposals)  # type: ignore[union-attr]
         try:
-            candidate = new_version(applied.files, parent=current.id,  # type: ignore[arg-type]
-                                    note=f"screening {proposal.spec.get('operator') or pid}", status="candidate")
+            candidate = new_version(files, parent=current.id, note=f"screening {what}", status="candidate")
         except InputError as exc:
             return {**against, "passed": False, "net": 0, "extra_calls": 0.0,
                     "reason": f"the patched harness is invalid: {exc}"}
@@ -654,7 +739,7 @@ class Evolver:
             self.store.put_harness(candidate)
         batch = self._train_window(evo, cfg, cur["iteration"])
         train = self._results(list(cur["train_runs"].values()))
-        cluster_ids = self._cluster_instances(cur, pid)
+        cluster_ids = set().union(*(self._cluster_instances(cur, m) for m in members))
         own = [i for i in batch if i.id in cluster_ids]
         # Its own cluster first, then the rest of the batch: the passing instances guard against
         # regressions, and a change often repairs failures beyond the cluster it was made for (on
@@ -675,8 +760,8 @@ class Evolver:
         else:
             parent = self._results(self._ensure_runs(cur, f"screen_parent:{current.id}", current, instances, cfg,
                                                      budget, split="train", owner=evo.id))
-        runs = self._ensure_runs(cur, f"screen_runs:{pid}@{current.id}", candidate, instances, cfg, budget,
-                                 split="train", owner=evo.id)
+        runs = self._ensure_runs(cur, f"screen_runs:{'+'.join(members)}@{current.id}", candidate, instances, cfg,
+                                 budget, split="train", owner=evo.id)
         mine = self._results(runs)
         here = len([k for k in mine if k in parent])
         if cfg.screen_pool:
@@ -697,9 +782,10 @@ class Evolver:
         pooled = f", {earlier} of them from earlier batches" if earlier else ""
         measured = f"net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired{pooled})"
         errors = f"{cfg.screen_k:g} standard error{'' if cfg.screen_k == 1 else 's'} ({spread / (cfg.screen_k or 1):.2f})"
+        how = "screened alone" if group is None else "screened together"
         if wins < cfg.screen_min_wins:
             # Edited by a person, the files are no longer the catalogue repair its operator names.
-            as_proposed = _last_approval(self.store, pid) != "edit"
+            as_proposed = group is None and _last_approval(self.store, pid) != "edit"
             read, unread = _newly_read(proposal.spec.get("operator") if as_proposed else None, own, cfg.models,
                                        parent, mine)
             if read and not losses:
@@ -709,20 +795,20 @@ class Evolver:
                 # size rarely shows a gain that small (answer extraction on BIG-Bench Hard: 0 won on
                 # 24 outcomes, +5 of 120 on validation), so the gate weighs what reading is worth.
                 return {**result, "read": len(read), "passed": True,
-                        "reason": f"screened alone on {current.id}: {measured}; it reads {len(read)} of the "
+                        "reason": f"{how} on {current.id}: {measured}; it reads {len(read)} of the "
                                   f"{unread} answers on its cluster the harness could not read and breaks "
                                   "nothing, so validation weighs what reading them is worth"}
-            why = (f"screened alone on {current.id}: {measured}; "
+            why = (f"{how} on {current.id}: {measured}; "
                    f"it repaired {'nothing' if not wins else f'only {wins}'} on the batch{' and before' if earlier else ''}")
             return {**result, "passed": False, "reason": why}
         if net + spread < cfg.screen_min_net:
-            why = f"screened alone on {current.id}: {measured} is below {cfg.screen_min_net:+d} by more than {errors}"
+            why = f"{how} on {current.id}: {measured} is below {cfg.screen_min_net:+d} by more than {errors}"
             return {**result, "passed": False, "reason": why}
         short = cost_shortfall((net + spread) / max(1, len(keys)), cost["extra_calls"], cfg.min_gain_per_call)
         if short:
             return {**result, "passed": False,
-                    "reason": f"screened alone: {measured}; even {errors} above that, {short}"}
-        return {**result, "passed": True, "reason": f"screened alone on {current.id}: {measured}"}
+                    "reason": f"{how}: {measured}; even {errors} above that, {short}"}
+        return {**result, "passed": True, "reason": f"{how} on {current.id}: {measured}"}
 
     def _paid_results(self, version_id: str, split: str) -> dict[PairKey, Any]:
         """The results of `version_id` on `split` in the finished runs this evolution paid for."""
@@ -928,8 +1014,27 @@ class Evolver:
                                    cfg.min_gain_per_call)
             if short:
                 verdict = replace(verdict, passed=False, reason=f"{verdict.reason}, but {short}")
+        group = self._group(cur)
+        for miss in self._near_misses(evo, cfg, cur) if verdict.passed and len(group) > 1 else []:
+            if miss["proposal_id"] not in group:
+                continue
+            # A pair is kept for what its other member adds: paired against the near miss's own
+            # validation (paid for already), it must gain the gate's minimum too.
+            alone = self._paid_results(miss["candidate"], "validation")
+            common = [k for k in keys if k in alone]
+            _, wins, losses = paired({k: alone[k].correct for k in common}, {k: after[k].correct for k in common})
+            if wins - losses < cfg.gate_min_net:
+                verdict = replace(verdict, passed=False, reason=(
+                    f"{verdict.reason}, but against {miss['operator'] or miss['proposal_id']} alone it nets "
+                    f"{wins - losses:+d} ({wins} won, {losses} lost), below the minimum of {cfg.gate_min_net}"))
         cur["verdict"] = verdict.to_json()
         cur["verdict_cost"] = cost
+
+    @staticmethod
+    def _group(cur: dict[str, Any]) -> list[str]:
+        """The proposal ids of the step being validated."""
+        queue, step = cur.get("queue") or [], cur.get("step", 0)
+        return list(queue[step]) if step < len(queue) else []
 
     def _finish_step(self, evo: EvolutionRecord, cur: dict[str, Any], verdict: GateVerdict | None) -> None:
         """Keep or roll back the step's candidate, note what each change did, and move on."""
@@ -941,13 +1046,15 @@ class Evolver:
                         "wins": verdict.wins, "losses": verdict.losses, "n": verdict.n, "kept": kept,
                         "jointly_with": len(applied) - 1, **cur.get("verdict_cost", {})}
         screened = cur.get("screen", {})
+        together = screened.get("+".join(self._group(cur))) if len(self._group(cur)) > 1 else None
         spent, spent0 = self._spent(), cur.get("spent_at_start", {"calls": 0, "seconds": 0.0})
         step = {"step": cur.get("step", 0), "candidate": cur.get("candidate"), "parent": evo.current_version,
                 # What the iteration had spent when this verdict was reached: the curve's point for it.
                 "spent": {"calls": spent["calls"] - spent0["calls"],
                           "seconds": round(spent.get("seconds", 0.0) - spent0.get("seconds", 0.0), 3)},
                 "verdict": cur.get("verdict") if verdict is not None else None, "kept": kept,
-                "changes": [dict(a, measured=measured, screened=screened.get(a["proposal_id"])) for a in applied],
+                "changes": [dict(a, measured=measured, screened=together or screened.get(a["proposal_id"]))
+                            for a in applied],
                 "skipped": [a for a in cur.get("applied", []) if not a.get("applied")]}
         if cur.get("not_validated"):
             step["not_validated"] = cur["not_validated"]

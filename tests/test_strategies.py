@@ -944,3 +944,106 @@ def test_the_critic_buys_no_evidence_for_a_costlier_change_the_budget_could_not_
     fate = {h["operator"]: h["outcome"] for h in row["history"]}
     assert fate["answer_extraction"] == "kept", row["history"]
     assert evo.current_version != evo.base_version and evo.result["spent"]["calls"] <= 150
+
+
+DIGITS = "Answer with digits: "
+
+
+HELD = (("bare", "wrapped"),) * 3 + (("empty", "bare"),) * 3 + (("empty", "wrapped"),) * 6
+
+
+def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str], ...] = HELD
+               ) -> tuple[Service, str, Any]:
+    """A model whose reply depends on whether the prompt asks for digits: each instance has a reply
+    kind without that line and one with it (`REPLIES`). Validation and test hold `held`, by
+    default three (bare, wrapped), three (empty, bare) and six (empty, wrapped): asking for digits
+    alone wins three and loses three, reading the last number alone changes nothing, and the two
+    together win nine. The first batch shows both repairs something to repair: three (wrapped, wrapped),
+    three (empty, bare), one (empty, wrapped), the rest bare either way. The reviewer turns the
+    extraction repair into "read the last number" and the other proposal into the digits line."""
+    from ecdysis.runner import pick_instances
+    suite = write_suite(tmp_path / "tiny.jsonl")
+    svc = Service(store)
+    loaded = svc.suite(str(suite))
+    kinds = {i.id: ("bare", "bare") for i in loaded.instances}
+    for split in ("validation", "test"):
+        kinds.update({i.id: kind for i, kind in zip(loaded.split(split), held)})
+    batch = window(pick_instances(loaded, "train", None), 12, 1)
+    kinds.update({i.id: ("wrapped", "wrapped") for i in batch[:3]} | {i.id: ("empty", "bare") for i in batch[3:6]}
+                 | {batch[6].id: ("empty", "wrapped")})
+    asked = [Rule(text=REPLIES[kinds[i.id][1]].format(t=i.target, u=0), match=DIGITS + i.input)
+             for i in loaded.instances]
+    plain = [Rule(text=REPLIES[kinds[i.id][0]].format(t=i.target, u=0), match=i.input) for i in loaded.instances]
+    register_backend(ScriptedBackend(asked + plain, model_id=model_id, default="I do not know."))
+    made: list[str] = []
+
+    def review(proposal):
+        files = svc.harness(proposal.harness_version).files
+        if proposal.spec.get("operator") == "answer_extraction" and "x" not in made:
+            made.append("x")
+            return "edit", "read the last number", {"harness.py": files["harness.py"].rstrip("\n") + "\n" + LAST_NUMBER}
+        if proposal.spec.get("operator") != "answer_extraction" and "p" not in made:
+            made.append("p")
+            return "edit", "ask for digits", {"user.md": DIGITS + files["user.md"]}
+        return "reject", "two changes are enough", None
+    return svc, str(suite), review
+
+
+def test_two_changes_that_fail_alone_are_validated_and_kept_together(tmp_path: Path, store) -> None:
+    """Asking for digits is refused on validation (3 won, 3 lost: a near miss, no loss the
+    validation can tell). Reading the last number, still to be validated, is screened again
+    composed with it; on the batch the pair beats it alone, so the pair is validated next, wins 9
+    and loses none, beats the digits line's own validation by as much, and is kept. Greedy
+    selection (`complements=False`) validated the last number alone, which changes nothing there,
+    and kept nothing."""
+    model = "planted-pair"
+    svc, suite, review = pair_world(tmp_path, store, model)
+    evo = Evolver(svc, reviewer=review)
+    done = evo.run(evo.create(config(suite, models=[model])).id)
+    row = done.iterations[0]
+    steps = [([c["operator"] for c in st["changes"]], st["kept"]) for st in row["steps"]]
+    assert steps == [(["retry_unparsable"], False), (["retry_unparsable", "answer_extraction"], True)], row["steps"]
+    alone, pair = row["steps"]
+    assert (alone["changes"][0]["measured"]["wins"], alone["changes"][0]["measured"]["losses"]) == (3, 3)
+    together = pair["changes"][1]["screened"]
+    assert together["passed"] and together["over_alone"]["net"] > 0, together
+    assert together["near_miss"]["net"] == 0 and "screened together" in together["reason"], together
+    assert (pair["changes"][0]["measured"]["wins"], pair["changes"][0]["measured"]["losses"]) == (9, 0)
+    assert {h["operator"]: h["outcome"] for h in row["history"]} == {
+        "retry_unparsable": "kept", "answer_extraction": "kept"}, row["history"]
+    kept = svc.harness(done.current_version).files
+    assert kept["user.md"].startswith(DIGITS) and "_planted_first_line" in kept["harness.py"]
+    assert done.result["test_accuracy"] == 1.0 and done.result["base_test_accuracy"] == 0.25
+    from app import views
+    shown = {r["operator"]: r for r in views.change_rows(done)}
+    assert shown["answer_extraction"]["validated"] == "+75.0 pts (9 won, 0 lost); with retry_unparsable", shown
+    assert shown["retry_unparsable"]["screened"].endswith("; with answer_extraction"), shown
+
+    svc, suite, review = pair_world(tmp_path, store, model)
+    evo = Evolver(svc, reviewer=review)
+    greedy = evo.run(evo.create(config(suite, models=[model], complements=False, label="greedy")).id)
+    row = greedy.iterations[0]
+    steps = [([c["operator"] for c in st["changes"]], st["kept"]) for st in row["steps"]]
+    assert steps == [(["retry_unparsable"], False), (["answer_extraction"], False)], row["steps"]
+    assert greedy.current_version == greedy.base_version
+
+
+def test_a_pair_is_not_kept_for_what_its_near_miss_does_alone(tmp_path: Path, store) -> None:
+    """The pair's other member must add to the near miss. Here the digits line alone wins 4 and
+    loses none on validation (not beyond two standard errors, 4); the pair wins one more, so it
+    passes against the parent (5 > 4.47) but nets +1 against the digits line's own validation,
+    below the gate's minimum of 2: refused with those figures. Reading the last number, the pair's
+    later member, is then validated alone, as it would have been."""
+    model = "planted-pair-little"
+    svc, suite, review = pair_world(tmp_path, store, model, held=(("empty", "bare"),) * 4 + (
+        ("wrapped", "wrapped"),) + (("bare", "bare"),) * 7)
+    evo = Evolver(svc, reviewer=review)
+    done = evo.run(evo.create(config(suite, models=[model])).id)
+    row = done.iterations[0]
+    steps = [([c["operator"] for c in st["changes"]], st["kept"]) for st in row["steps"]]
+    assert steps == [(["retry_unparsable"], False), (["retry_unparsable", "answer_extraction"], False),
+                     (["answer_extraction"], False)], row["steps"]
+    verdict = row["steps"][1]["verdict"]
+    assert (verdict["wins"], verdict["losses"]) == (5, 0), verdict
+    assert "but against retry_unparsable alone it nets +1 (1 won, 0 lost), below the minimum of 2" in verdict["reason"]
+    assert done.current_version == done.base_version
