@@ -279,6 +279,10 @@ def evolve(
     screen_pool: bool = typer.Option(True, "--screen-pool/--no-screen-pool",
                                      help="screening: pool a change's paired outcomes on the earlier batches it was "
                                           "screened on (same harness, already paid for) with this batch's"),
+    complements: bool = typer.Option(True, "--complements/--no-complements",
+                                     help="screen a change refused on validation without a significant loss "
+                                          "composed with a later survivor, and validate the pair first when the "
+                                          "batch says it beats that survivor alone"),
     passes: int = typer.Option(2, min=1, max=5, help="refinement passes: the first proposes, later ones review "
                                                      "the endorsed specification (regressions, cost, generality)"),
     concurrency: int = typer.Option(1, min=1, max=256),
@@ -307,7 +311,7 @@ def evolve(
                            concurrency=concurrency, max_model_calls=max_model_calls, max_tokens=max_tokens,
                            max_wall_s=max_wall, min_gain_per_call=min_gain_per_call, passes=passes,
                            screen_min_net=screen_min_net, screen_min_wins=screen_min_wins, screen_k=screen_k,
-                           screen_rounds=screen_rounds, screen_pool=screen_pool)
+                           screen_rounds=screen_rounds, screen_pool=screen_pool, complements=complements)
         evo = svc.run_evolution(cfg, events=sink, reviewer=reviewer, poll_s=poll_s)
     result = summary(evo)
     if as_json:

@@ -644,24 +644,50 @@ class Evolver:
                     key = "+".join(pair)
                     if screened.get(key, {}).get("against") != evo.current_version:
                         screened[key] = self._screen(evo, cfg, cur, pid, budget, group=pair)
-                        if screened[key].get("candidate") and "n" in screened[key]:
-                            screened[key]["over_alone"] = self._over_alone(screened[key], screened[pid])
-                        screened[key]["near_miss"] = miss
+                        together = screened[key]
+                        together["near_miss"] = miss
+                        if together.get("passed"):
+                            # The pair must beat each member alone on the batch: what the later one
+                            # gains there on top of the near miss, and what the near miss adds to it.
+                            together["over_alone"] = self._over(together, self._paid_results(
+                                screened[pid].get("candidate", ""), "train"))
+                            if together["over_alone"]["net"] > 0:
+                                together["over_near_miss"] = self._over(together, self._near_miss_on_batch(
+                                    evo, cfg, cur, together, miss, budget))
                         self._save_cursor_only(cur)
-                    if screened[key].get("passed") and screened[key].get("over_alone", {}).get("net", 0) > 0:
+                    if all(screened[key].get(side, {}).get("net", 0) > 0 for side in ("over_alone", "over_near_miss")):
                         groups.append(pair)
                 break  # the best near miss only: each pair screened costs a batch
             groups.append([pid])
         return groups
 
-    def _over_alone(self, together: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
-        """A pair's screened outcomes paired against its later member's screened alone, on the
-        outcomes both have (paid for already)."""
-        mine, single = (self._paid_results(together["candidate"], "train"),
-                        self._paid_results(alone.get("candidate", ""), "train"))
+    def _over(self, together: dict[str, Any], single: dict[PairKey, Any]) -> dict[str, Any]:
+        """A pair's screened outcomes paired against one member's alone, on the outcomes both have
+        (paid for already)."""
+        mine = self._paid_results(together["candidate"], "train")
         keys = sorted(k for k in mine if k in single)
         _, wins, losses = paired({k: single[k].correct for k in keys}, {k: mine[k].correct for k in keys})
         return {"n": len(keys), "wins": wins, "losses": losses, "net": wins - losses}
+
+    def _near_miss_on_batch(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any],
+                            together: dict[str, Any], miss: dict[str, Any], budget: CallBudget) -> dict[PairKey, Any]:
+        """The near miss's outcomes on the instances its pair was screened on: paid for already when
+        it was screened on this batch, otherwise run there if the budget has room for that and for
+        the pair's validation (empty when it has not)."""
+        version = self.store.get_harness(miss.get("candidate") or "")
+        if version is None:
+            return {}
+        mine, single = self._paid_results(together["candidate"], "train"), self._paid_results(version.id, "train")
+        if all(k in single for k in mine):
+            return single
+        iids = {iid for _, iid in mine}
+        batch = [i for i in self._train_window(evo, cfg, cur["iteration"]) if i.id in iids]
+        here = self._runs_cost(version, [i.id for i in batch], self._measured_rate(version.id) or 1.0, cfg, budget)
+        if self._unaffordable(evo, cfg, cur, budget, self.svc.harness(together["candidate"]), extra=here):
+            return {}
+        runs = self._ensure_runs(cur, f"screen_runs:{miss['proposal_id']}@{evo.current_version}", version, batch, cfg,
+                                 budget, split="train", owner=evo.id)
+        return {**single, **self._results(runs)}
 
     def _near_misses(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any]) -> list[dict[str, Any]]:
         """Changes validated alone on the version kept so far and refused, but not for a loss the
@@ -888,9 +914,9 @@ class Evolver:
 
     def _unaffordable(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any],
                       budget: CallBudget, candidate: HarnessVersion, *, screening: list[Instance] | None = None,
-                      measured_rate: float | None = None) -> str | None:
+                      measured_rate: float | None = None, extra: float = 0.0) -> str | None:
         """Why the budget left cannot pay for this candidate's validation (and, with `screening`,
-        for screening it on those instances first), or None. A run costs nothing when this
+        for screening it on those instances first; and `extra` calls before that), or None. A run costs nothing when this
         evolution already paid for it, the recorded calls of a finished run it would borrow (when
         cached calls are charged), otherwise its instances times the calls per instance: measured
         in screening, or the parent's rate on the train batch scaled by the samples each version
@@ -908,10 +934,11 @@ class Evolver:
         need = (self._runs_cost(parent, val, rate, cfg, budget) + self._runs_cost(candidate, val, cand_rate, cfg, budget))
         screen = self._runs_cost(candidate, [i.id for i in screening], cand_rate, cfg, budget) if screening else 0.0
         left = budget.max_calls - budget.calls
-        if need + screen <= left:
+        if need + screen + extra <= left:
             return None
         what = f"screening ({screen:.0f}) and validation ({need:.0f})" if screening else f"its validation ({need:.0f})"
-        return (f"{what} would need about {need + screen:.0f} model calls ({len(val)} validation instances x "
+        what += f" after {extra:.0f} calls before them" if extra else ""
+        return (f"{what} would need about {need + screen + extra:.0f} model calls ({len(val)} validation instances x "
                 f"{len(cfg.models)} model(s), {cand_rate:.2f} calls each for the candidate) and {left} are left "
                 f"of the budget")
 

@@ -159,14 +159,16 @@ def test_run_and_evolve_default_to_qwen_with_smollm2_as_second_model() -> None:
     summary = json.loads(run.stdout)
     assert summary["model"] == "qwen2.5-coder-0.5b" and summary["completion_tokens"] > 0
     evo = ecdysis("evolve", "--suite", "reasoning-mix", "--iterations", "1", "--batch-size", "3", "--val-limit", "3",
-                  "--test-limit", "3", "--auto-approve", "--gate-k", "1.5", "--no-screen-pool", "--json", timeout=1500)
+                  "--test-limit", "3", "--auto-approve", "--gate-k", "1.5", "--no-screen-pool", "--no-complements", "--json",
+                  timeout=1500)
     assert evo.returncode == 0, evo.stderr
     result = json.loads(evo.stdout)
     assert result["models"] == ["qwen2.5-coder-0.5b", "smollm2"]
     from ecdysis.settings import Settings
     from storage import open_store
     stored = open_store(Settings.from_env().database_url).get_evolution(result["evolution_id"])
-    assert stored is not None and (stored.config["gate_k"], stored.config["screen_pool"]) == (1.5, False)
+    assert stored is not None
+    assert (stored.config["gate_k"], stored.config["screen_pool"], stored.config["complements"]) == (1.5, False, False)
     assert result["status"] == "done" and len(result["iterations"]) == 1
     assert result["test_accuracy"] is not None and result["base_test_accuracy"] is not None
 

@@ -952,14 +952,18 @@ DIGITS = "Answer with digits: "
 HELD = (("bare", "wrapped"),) * 3 + (("empty", "bare"),) * 3 + (("empty", "wrapped"),) * 6
 
 
-def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str], ...] = HELD
-               ) -> tuple[Service, str, Any]:
+BATCH = (("wrapped", "wrapped"),) * 3 + (("empty", "bare"),) * 3 + (("empty", "wrapped"),)
+
+
+def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str], ...] = HELD,
+               first: tuple[tuple[str, str], ...] = BATCH) -> tuple[Service, str, Any]:
     """A model whose reply depends on whether the prompt asks for digits: each instance has a reply
     kind without that line and one with it (`REPLIES`). Validation and test hold `held`, by
     default three (bare, wrapped), three (empty, bare) and six (empty, wrapped): asking for digits
     alone wins three and loses three, reading the last number alone changes nothing, and the two
-    together win nine. The first batch shows both repairs something to repair: three (wrapped, wrapped),
-    three (empty, bare), one (empty, wrapped), the rest bare either way. The reviewer turns the
+    together win nine. The first batch holds `first`, by default three (wrapped, wrapped), three
+    (empty, bare), one (empty, wrapped), the rest bare either way: each repair has something to
+    repair, and the pair beats each alone. The reviewer turns the
     extraction repair into "read the last number" and the other proposal into the digits line."""
     from ecdysis.runner import pick_instances
     suite = write_suite(tmp_path / "tiny.jsonl")
@@ -969,8 +973,7 @@ def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str]
     for split in ("validation", "test"):
         kinds.update({i.id: kind for i, kind in zip(loaded.split(split), held)})
     batch = window(pick_instances(loaded, "train", None), 12, 1)
-    kinds.update({i.id: ("wrapped", "wrapped") for i in batch[:3]} | {i.id: ("empty", "bare") for i in batch[3:6]}
-                 | {batch[6].id: ("empty", "wrapped")})
+    kinds.update({i.id: kind for i, kind in zip(batch, first)})
     asked = [Rule(text=REPLIES[kinds[i.id][1]].format(t=i.target, u=0), match=DIGITS + i.input)
              for i in loaded.instances]
     plain = [Rule(text=REPLIES[kinds[i.id][0]].format(t=i.target, u=0), match=i.input) for i in loaded.instances]
@@ -992,8 +995,8 @@ def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str]
 def test_two_changes_that_fail_alone_are_validated_and_kept_together(tmp_path: Path, store) -> None:
     """Asking for digits is refused on validation (3 won, 3 lost: a near miss, no loss the
     validation can tell). Reading the last number, still to be validated, is screened again
-    composed with it; on the batch the pair beats it alone, so the pair is validated next, wins 9
-    and loses none, beats the digits line's own validation by as much, and is kept. Greedy
+    composed with it; on the batch the pair beats each of the two alone, so the pair is validated
+    next, wins 9 and loses none, beats the digits line's own validation by as much, and is kept. Greedy
     selection (`complements=False`) validated the last number alone, which changes nothing there,
     and kept nothing."""
     model = "planted-pair"
@@ -1006,7 +1009,7 @@ def test_two_changes_that_fail_alone_are_validated_and_kept_together(tmp_path: P
     alone, pair = row["steps"]
     assert (alone["changes"][0]["measured"]["wins"], alone["changes"][0]["measured"]["losses"]) == (3, 3)
     together = pair["changes"][1]["screened"]
-    assert together["passed"] and together["over_alone"]["net"] > 0, together
+    assert together["passed"] and together["over_alone"]["net"] > 0 and together["over_near_miss"]["net"] > 0, together
     assert together["near_miss"]["net"] == 0 and "screened together" in together["reason"], together
     assert (pair["changes"][0]["measured"]["wins"], pair["changes"][0]["measured"]["losses"]) == (9, 0)
     assert {h["operator"]: h["outcome"] for h in row["history"]} == {
@@ -1047,3 +1050,23 @@ def test_a_pair_is_not_kept_for_what_its_near_miss_does_alone(tmp_path: Path, st
     assert (verdict["wins"], verdict["losses"]) == (5, 0), verdict
     assert "but against retry_unparsable alone it nets +1 (1 won, 0 lost), below the minimum of 2" in verdict["reason"]
     assert done.current_version == done.base_version
+
+
+def test_a_pair_whose_batch_shows_nothing_of_its_near_miss_is_not_validated(tmp_path: Path, store) -> None:
+    """On this batch the digits line repairs everything the pair repairs (the wrapped replies turn
+    bare when asked for digits): the pair beats reading the last number alone (+4) but not the
+    digits line alone (+0), so the batch shows the near miss adding nothing to it, and no
+    validation is spent on the pair. On validation the pair would indeed be no better than the
+    digits line (3 won, 3 lost). Reading the last number is validated alone, as before."""
+    model = "planted-pair-nothing"
+    svc, suite, review = pair_world(
+        tmp_path, store, model, held=(("empty", "bare"),) * 3 + (("bare", "empty"),) * 3 + (("bare", "bare"),) * 6,
+        first=(("wrapped", "bare"),) * 3 + (("empty", "bare"),) * 4)
+    evo = Evolver(svc, reviewer=review)
+    done = evo.run(evo.create(config(suite, models=[model])).id)
+    row = done.iterations[0]
+    steps = [([c["operator"] for c in st["changes"]], st["kept"]) for st in row["steps"]]
+    assert steps == [(["retry_unparsable"], False), (["answer_extraction"], False)], row["steps"]
+    assert done.current_version == done.base_version
+    pairs = [r for r in svc.store.list_runs(limit=500) if "+" in r.label.split("screen_runs:")[-1]]
+    assert pairs, "the pair was screened"
