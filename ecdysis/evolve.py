@@ -647,15 +647,15 @@ class Evolver:
                         together = screened[key]
                         together["near_miss"] = miss
                         if together.get("passed"):
-                            # The pair must beat each member alone on the batch: what the later one
-                            # gains there on top of the near miss, and what the near miss adds to it.
+                            # What the near miss adds to the later change on the batch (both paid for).
+                            # Not also what the later change adds to the near miss there: asked that
+                            # too (round 17 on BIG-Bench Hard), the batch's 24 outcomes (the pair 8
+                            # right, the near miss alone 9) turned down a pair that gains +10 of 120
+                            # on validation.
                             together["over_alone"] = self._over(together, self._paid_results(
                                 screened[pid].get("candidate", ""), "train"))
-                            if together["over_alone"]["net"] > 0:
-                                together["over_near_miss"] = self._over(together, self._near_miss_on_batch(
-                                    evo, cfg, cur, together, miss, budget))
                         self._save_cursor_only(cur)
-                    if all(screened[key].get(side, {}).get("net", 0) > 0 for side in ("over_alone", "over_near_miss")):
+                    if screened[key].get("over_alone", {}).get("net", 0) > 0:
                         groups.append(pair)
                 break  # the best near miss only: each pair screened costs a batch
             groups.append([pid])
@@ -669,30 +669,13 @@ class Evolver:
         _, wins, losses = paired({k: single[k].correct for k in keys}, {k: mine[k].correct for k in keys})
         return {"n": len(keys), "wins": wins, "losses": losses, "net": wins - losses}
 
-    def _near_miss_on_batch(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any],
-                            together: dict[str, Any], miss: dict[str, Any], budget: CallBudget) -> dict[PairKey, Any]:
-        """The near miss's outcomes on the instances its pair was screened on: paid for already when
-        it was screened on this batch, otherwise run there if the budget has room for that and for
-        the pair's validation (empty when it has not)."""
-        version = self.store.get_harness(miss.get("candidate") or "")
-        if version is None:
-            return {}
-        mine, single = self._paid_results(together["candidate"], "train"), self._paid_results(version.id, "train")
-        if all(k in single for k in mine):
-            return single
-        iids = {iid for _, iid in mine}
-        batch = [i for i in self._train_window(evo, cfg, cur["iteration"]) if i.id in iids]
-        here = self._runs_cost(version, [i.id for i in batch], self._measured_rate(version.id) or 1.0, cfg, budget)
-        if self._unaffordable(evo, cfg, cur, budget, self.svc.harness(together["candidate"]), extra=here):
-            return {}
-        runs = self._ensure_runs(cur, f"screen_runs:{miss['proposal_id']}@{evo.current_version}", version, batch, cfg,
-                                 budget, split="train", owner=evo.id)
-        return {**single, **self._results(runs)}
-
     def _near_misses(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any]) -> list[dict[str, Any]]:
         """Changes validated alone on the version kept so far and refused, but not for a loss the
-        validation can tell (net below -`screen_k` standard errors of its paired outcomes): the
-        largest net first, then the fewest extra calls."""
+        validation can tell (net below -`screen_k` standard errors of its paired outcomes). Most
+        validation wins first: a partner can only keep what the near miss wins while it repairs
+        what the near miss loses, and a change that moved two answers (answer extraction, 2 won
+        and 0 lost) has little to keep however well it nets. Then the largest net, then the fewest
+        extra calls."""
         steps = [st for row in evo.iterations for st in row.get("steps", [])] + list(cur.get("steps", []))
         found: dict[str, dict[str, Any]] = {}
         for st in steps:
@@ -711,7 +694,7 @@ class Evolver:
                 "proposal_id": change["proposal_id"], "operator": change.get("operator") or "",
                 "candidate": st.get("candidate"), "wins": verdict.wins, "losses": verdict.losses, "net": net,
                 "extra_calls": (change.get("measured") or {}).get("extra_calls") or 0.0}
-        return sorted(found.values(), key=lambda m: (-m["net"], m["extra_calls"]))
+        return sorted(found.values(), key=lambda m: (-m["wins"], -m["net"], m["extra_calls"]))
 
     def _rescreen(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any], budget: CallBudget) -> None:
         """After a change is kept, the approved changes not yet validated are screened again on top
@@ -914,9 +897,9 @@ class Evolver:
 
     def _unaffordable(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any],
                       budget: CallBudget, candidate: HarnessVersion, *, screening: list[Instance] | None = None,
-                      measured_rate: float | None = None, extra: float = 0.0) -> str | None:
+                      measured_rate: float | None = None) -> str | None:
         """Why the budget left cannot pay for this candidate's validation (and, with `screening`,
-        for screening it on those instances first; and `extra` calls before that), or None. A run costs nothing when this
+        for screening it on those instances first), or None. A run costs nothing when this
         evolution already paid for it, the recorded calls of a finished run it would borrow (when
         cached calls are charged), otherwise its instances times the calls per instance: measured
         in screening, or the parent's rate on the train batch scaled by the samples each version
@@ -934,11 +917,10 @@ class Evolver:
         need = (self._runs_cost(parent, val, rate, cfg, budget) + self._runs_cost(candidate, val, cand_rate, cfg, budget))
         screen = self._runs_cost(candidate, [i.id for i in screening], cand_rate, cfg, budget) if screening else 0.0
         left = budget.max_calls - budget.calls
-        if need + screen + extra <= left:
+        if need + screen <= left:
             return None
         what = f"screening ({screen:.0f}) and validation ({need:.0f})" if screening else f"its validation ({need:.0f})"
-        what += f" after {extra:.0f} calls before them" if extra else ""
-        return (f"{what} would need about {need + screen + extra:.0f} model calls ({len(val)} validation instances x "
+        return (f"{what} would need about {need + screen:.0f} model calls ({len(val)} validation instances x "
                 f"{len(cfg.models)} model(s), {cand_rate:.2f} calls each for the candidate) and {left} are left "
                 f"of the budget")
 

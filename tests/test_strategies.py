@@ -955,15 +955,15 @@ HELD = (("bare", "wrapped"),) * 3 + (("empty", "bare"),) * 3 + (("empty", "wrapp
 BATCH = (("wrapped", "wrapped"),) * 3 + (("empty", "bare"),) * 3 + (("empty", "wrapped"),)
 
 
-def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str], ...] = HELD,
-               first: tuple[tuple[str, str], ...] = BATCH) -> tuple[Service, str, Any]:
+def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str], ...] = HELD
+               ) -> tuple[Service, str, Any]:
     """A model whose reply depends on whether the prompt asks for digits: each instance has a reply
     kind without that line and one with it (`REPLIES`). Validation and test hold `held`, by
     default three (bare, wrapped), three (empty, bare) and six (empty, wrapped): asking for digits
     alone wins three and loses three, reading the last number alone changes nothing, and the two
-    together win nine. The first batch holds `first`, by default three (wrapped, wrapped), three
-    (empty, bare), one (empty, wrapped), the rest bare either way: each repair has something to
-    repair, and the pair beats each alone. The reviewer turns the
+    together win nine. The first batch holds three (wrapped, wrapped), three (empty, bare), one
+    (empty, wrapped), the rest bare either way: each repair has something to repair, and the pair
+    beats each alone. The reviewer turns the
     extraction repair into "read the last number" and the other proposal into the digits line."""
     from ecdysis.runner import pick_instances
     suite = write_suite(tmp_path / "tiny.jsonl")
@@ -973,7 +973,7 @@ def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str]
     for split in ("validation", "test"):
         kinds.update({i.id: kind for i, kind in zip(loaded.split(split), held)})
     batch = window(pick_instances(loaded, "train", None), 12, 1)
-    kinds.update({i.id: kind for i, kind in zip(batch, first)})
+    kinds.update({i.id: kind for i, kind in zip(batch, BATCH)})
     asked = [Rule(text=REPLIES[kinds[i.id][1]].format(t=i.target, u=0), match=DIGITS + i.input)
              for i in loaded.instances]
     plain = [Rule(text=REPLIES[kinds[i.id][0]].format(t=i.target, u=0), match=i.input) for i in loaded.instances]
@@ -995,8 +995,8 @@ def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str]
 def test_two_changes_that_fail_alone_are_validated_and_kept_together(tmp_path: Path, store) -> None:
     """Asking for digits is refused on validation (3 won, 3 lost: a near miss, no loss the
     validation can tell). Reading the last number, still to be validated, is screened again
-    composed with it; on the batch the pair beats each of the two alone, so the pair is validated
-    next, wins 9 and loses none, beats the digits line's own validation by as much, and is kept. Greedy
+    composed with it; on the batch the pair beats it alone, so the pair is validated next, wins 9
+    and loses none, beats the digits line's own validation by as much, and is kept. Greedy
     selection (`complements=False`) validated the last number alone, which changes nothing there,
     and kept nothing."""
     model = "planted-pair"
@@ -1009,7 +1009,7 @@ def test_two_changes_that_fail_alone_are_validated_and_kept_together(tmp_path: P
     alone, pair = row["steps"]
     assert (alone["changes"][0]["measured"]["wins"], alone["changes"][0]["measured"]["losses"]) == (3, 3)
     together = pair["changes"][1]["screened"]
-    assert together["passed"] and together["over_alone"]["net"] > 0 and together["over_near_miss"]["net"] > 0, together
+    assert together["passed"] and together["over_alone"]["net"] > 0, together
     assert together["near_miss"]["net"] == 0 and "screened together" in together["reason"], together
     assert (pair["changes"][0]["measured"]["wins"], pair["changes"][0]["measured"]["losses"]) == (9, 0)
     assert {h["operator"]: h["outcome"] for h in row["history"]} == {
@@ -1052,21 +1052,29 @@ def test_a_pair_is_not_kept_for_what_its_near_miss_does_alone(tmp_path: Path, st
     assert done.current_version == done.base_version
 
 
-def test_a_pair_whose_batch_shows_nothing_of_its_near_miss_is_not_validated(tmp_path: Path, store) -> None:
-    """On this batch the digits line repairs everything the pair repairs (the wrapped replies turn
-    bare when asked for digits): the pair beats reading the last number alone (+4) but not the
-    digits line alone (+0), so the batch shows the near miss adding nothing to it, and no
-    validation is spent on the pair. On validation the pair would indeed be no better than the
-    digits line (3 won, 3 lost). Reading the last number is validated alone, as before."""
-    model = "planted-pair-nothing"
-    svc, suite, review = pair_world(
-        tmp_path, store, model, held=(("empty", "bare"),) * 3 + (("bare", "empty"),) * 3 + (("bare", "bare"),) * 6,
-        first=(("wrapped", "bare"),) * 3 + (("empty", "bare"),) * 4)
-    evo = Evolver(svc, reviewer=review)
-    done = evo.run(evo.create(config(suite, models=[model])).id)
-    row = done.iterations[0]
-    steps = [([c["operator"] for c in st["changes"]], st["kept"]) for st in row["steps"]]
-    assert steps == [(["retry_unparsable"], False), (["answer_extraction"], False)], row["steps"]
-    assert done.current_version == done.base_version
-    pairs = [r for r in svc.store.list_runs(limit=500) if "+" in r.label.split("screen_runs:")[-1]]
-    assert pairs, "the pair was screened"
+def test_a_pair_is_made_with_the_near_miss_that_won_most_on_validation(world) -> None:
+    """Near misses: refused alone on the version still kept, without a loss validation can tell.
+    A partner can keep only what a near miss wins, so the one with most wins comes first (the
+    format instruction, 9 won 12 lost, before answer extraction, 2 won 0 lost, though that nets
+    more); a significant loss, a kept change, a pair and a change refused on another version are
+    not near misses."""
+    from types import SimpleNamespace
+    from ecdysis.store import ProposalRecord
+    svc, suite, _ = world
+    ops = {"few": "answer_extraction", "many": "answer_format_instruction", "lost": "few_shot",
+           "kept": "option_scoring", "elsewhere": "choice_matching", "other": "retry_unparsable"}
+    for pid, op in ops.items():
+        svc.store.save_proposal(ProposalRecord(id=pid, diagnosis_id="d", cluster_id="c1", harness_version="h",
+                                               spec={"operator": op}, files={}, status="applied", created_at=1.0))
+
+    def step(wins: int, losses: int, *pids: str, parent: str = "h", kept: bool = False) -> dict[str, Any]:
+        return {"parent": parent, "candidate": "v-" + "+".join(pids), "kept": kept,
+                "changes": [{"proposal_id": pid, "operator": ops[pid]} for pid in pids],
+                "verdict": {"passed": kept, "wins": wins, "losses": losses, "n": 120}}
+
+    evo = SimpleNamespace(current_version="h", iterations=[{"steps": [step(2, 0, "few"), step(30, 2, "kept", parent="g",
+                                                                                           kept=True)]}])
+    cur = {"steps": [step(9, 12, "many"), step(2, 20, "lost"), step(12, 10, "elsewhere", parent="g"),
+                     step(10, 12, "many", "other")]}
+    misses = Evolver(svc)._near_misses(evo, config(suite), cur)  # type: ignore[arg-type]
+    assert [(m["proposal_id"], m["wins"], m["net"]) for m in misses] == [("many", 9, -3), ("few", 2, 2)], misses
