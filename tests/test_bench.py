@@ -26,6 +26,22 @@ def test_readme_benchmark_sections_are_the_committed_results() -> None:
         assert f"<!-- bench:{name} -->" in readme
 
 
+def test_the_table_of_strategy_rounds_is_what_the_results_files_say(tmp_path: Path) -> None:
+    """The README's summary of the BIG-Bench Hard rounds is generated from their results files: a
+    stale table fails, and each row carries the file's own figures (round 14+15's paired delta)."""
+    import strategy_rounds
+    done = subprocess.run([sys.executable, "bench/strategy_rounds.py", "--check"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((ROOT / "bench/results/compare_strategies_bbh_round14_15.json").read_text())
+    d = data["comparison"]["per-instance"]["test_delta_points"]
+    line = strategy_rounds.row(next(r for r in strategy_rounds.ROUNDS if r.name == "14+15"))
+    assert line is not None and f"**{d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]**" in line
+    assert "| 34–45 |" in line and "`b11fa19`" in line
+    missing = strategy_rounds.Round("99", "no_such_results", "0000000", "nothing")
+    assert strategy_rounds.row(missing) is None  # a round not yet run has no row
+
+
 def msg(role: str, kind: str, backend: str = "llm:m", round: int = 1) -> dict[str, object]:
     return {"role": role, "kind": kind, "backend": backend, "round": round, "text": "", "data": None}
 

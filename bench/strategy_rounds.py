@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""One table of the strategy benchmark's rounds on BIG-Bench Hard, read from their committed
+results files: each round's code, mixture, seeds, the three strategies' mean test accuracy, and
+Ecdysis's paired test delta (95 % interval) and speedup in calls against each baseline.
+
+    python bench/strategy_rounds.py           # write bench/results/compare_strategies_rounds.md
+    python bench/strategy_rounds.py --check   # exit 1 if that file is not what the results say
+
+The README's section between `<!-- bench:compare_strategies_rounds -->` markers is that file
+(`scripts/readme_tables.py`). A round's code and what changed before it are not in its results
+file, so they are listed here, next to the file's name; everything else is read from the file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+OUT = RESULTS / "compare_strategies_rounds.md"
+MIXTURES = {"bbh:date_understanding+formal_fallacies+navigate": "BBH",
+            "bbh:movie_recommendation+tracking_shuffled_objects_three_objects+object_counting+web_of_lies": "drawn"}
+
+
+@dataclass(frozen=True)
+class Round:
+    name: str       # as the README's text calls it
+    results: str    # file stem in bench/results
+    code: str       # the commit the round ran
+    change: str     # what changed in the engine before it
+
+
+ROUNDS = (
+    Round("7", "compare_strategies_bbh", "120a8f0", "(the code of BIG-bench round 6, first run on BBH)"),
+    Round("8", "compare_strategies_bbh_round8", "1303668", "a union of clusters the probe can judge replaces its parts"),
+    Round("9", "compare_strategies_bbh_round9", "807d8c5", "the probe asks whether the harness can read the answer"),
+    Round("10", "compare_strategies_bbh_round10", "16cf25f", "a part the probe can see stays itself"),
+    Round("11", "compare_strategies_bbh_round11", "1c2de56", "a repair of reading goes to validation when it reads"),
+    Round("12", "compare_strategies_bbh_round12", "4e47f0e", "the Critic buys no evidence the budget cannot validate"),
+    Round("13", "compare_strategies_bbh_drawn", "4e47f0e", "(a mixture drawn at random)"),
+    Round("14", "compare_strategies_bbh_round14", "b11fa19", "validation order: clear batch gains, then cheapest"),
+    Round("15", "compare_strategies_bbh_round15", "b11fa19", "(round 14 again, new seeds)"),
+    Round("14+15", "compare_strategies_bbh_round14_15", "b11fa19", "(rounds 14 and 15 as one run)"),
+    Round("16", "compare_strategies_bbh_round16", "38ad7c7", "near-miss pairs"),
+    Round("17", "compare_strategies_bbh_round17", "582de52", "a pair must beat each member alone on the batch"),
+    Round("18", "compare_strategies_bbh_round18", "427df88", "no: the later member alone; near misses by wins"),
+    Round("19", "compare_strategies_bbh_round19", "427df88", "(round 18's code on the first mixture)"),
+)
+
+
+def _seeds(seeds: list[int]) -> str:
+    if seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 2:
+        return f"{seeds[0]}–{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+def _delta(comparison: dict, baseline: str) -> str:
+    c = comparison.get(baseline)
+    if not c:
+        return "—"
+    d = c["test_delta_points"]
+    lo, hi = d["ci95"]
+    text = f"{d['mean']:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+    return f"**{text}**" if lo > 0 else text  # bold: an interval that excludes no gain
+
+
+def _speedup(comparison: dict, baseline: str) -> str:
+    c = comparison.get(baseline)
+    value = c.get("speedup_calls") if c else None
+    return "undefined" if value is None else f"{value:.2f}x"
+
+
+def row(r: Round) -> str | None:
+    path = RESULTS / f"{r.results}.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    suites = data["config"]["suite"]
+    mixture = ", ".join(MIXTURES.get(s, s) for s in suites)
+    acc = {name: s["test_accuracy"]["mean"] for name, s in data["strategies"].items()}
+    cells = [r.name, f"`{r.code}`", r.change, mixture, _seeds(data["seeds"])]
+    cells += [f"{acc[s]:.3f}" if s in acc else "—" for s in ("ecdysis", "per-instance", "self-evolution")]
+    cmp = data["comparison"]
+    cells += [_delta(cmp, "per-instance"), _delta(cmp, "self-evolution"), _speedup(cmp, "per-instance")]
+    return "| " + " | ".join(cells) + " |"
+
+
+def render() -> str:
+    head = ("| round | code | what changed before it | mixture | seeds | Ecdysis | per-instance | Self-Evolution "
+            "| Ecdysis − per-instance (points) | Ecdysis − Self-Evolution (points) | speedup vs per-instance (calls) |\n"
+            "|---|---|---|---|---|---:|---:|---:|---|---|---|")
+    rows = [line for r in ROUNDS if (line := row(r)) is not None]
+    note = ("Mean test accuracy over the round's seeds; deltas are paired on the same test instances with "
+            "95 % bootstrap intervals, in bold where the interval excludes no gain. BBH: "
+            "date_understanding, formal_fallacies, navigate. Drawn: movie_recommendation, "
+            "tracking_shuffled_objects_three_objects, object_counting, web_of_lies "
+            "(`bench/draw_tasks.py --source bbh --seed ecdysis-bbh-round13`). Every round: heuristic roles, "
+            "qwen2.5-coder-0.5b and smollm2, 4 iterations, batch 12, validation 60, test 100, "
+            "800 calls a strategy. Generated by `bench/strategy_rounds.py` from `bench/results/`.")
+    return "\n".join([head, *rows, "", note]) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not OUT.exists() or OUT.read_text() != text:
+            print(f"{OUT} differs from the results files: run python bench/strategy_rounds.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
