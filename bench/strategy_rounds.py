@@ -3,8 +3,9 @@
 results files: each round's code, mixture, seeds, the three strategies' mean test accuracy, and
 Ecdysis's paired test delta (95 % interval) and speedup in calls against each baseline.
 
-    python bench/strategy_rounds.py           # write bench/results/compare_strategies_rounds.md
-    python bench/strategy_rounds.py --check   # exit 1 if that file is not what the results say
+    python bench/strategy_rounds.py   # write bench/results/compare_strategies_rounds.md
+
+`tests/test_bench.py` fails when that file is not what the results files say.
 
 The README's section between `<!-- bench:compare_strategies_rounds -->` markers is that file
 (`scripts/readme_tables.py`). A round's code and what changed before it are not in its results
@@ -14,7 +15,6 @@ file, so they are listed here, next to the file's name; everything else is read 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,18 +34,26 @@ class Round:
 
 ROUNDS = (
     Round("7", "compare_strategies_bbh", "120a8f0", "(the code of BIG-bench round 6, first run on BBH)"),
-    Round("8", "compare_strategies_bbh_round8", "1303668", "a union of clusters the probe can judge replaces its parts"),
-    Round("9", "compare_strategies_bbh_round9", "807d8c5", "the probe asks whether the harness can read the answer"),
+    Round("8", "compare_strategies_bbh_round8", "1303668",
+          "a union of clusters the probe can judge replaces its parts"),
+    Round("9", "compare_strategies_bbh_round9", "807d8c5",
+          "the probe asks whether the harness can read the answer"),
     Round("10", "compare_strategies_bbh_round10", "16cf25f", "a part the probe can see stays itself"),
-    Round("11", "compare_strategies_bbh_round11", "1c2de56", "a repair of reading goes to validation when it reads"),
-    Round("12", "compare_strategies_bbh_round12", "4e47f0e", "the Critic buys no evidence the budget cannot validate"),
+    Round("11", "compare_strategies_bbh_round11", "1c2de56",
+          "a repair of reading goes to validation when it reads"),
+    Round("12", "compare_strategies_bbh_round12", "4e47f0e",
+          "the Critic buys no evidence the budget cannot validate"),
     Round("13", "compare_strategies_bbh_drawn", "4e47f0e", "(a mixture drawn at random)"),
-    Round("14", "compare_strategies_bbh_round14", "b11fa19", "validation order: clear batch gains, then cheapest"),
+    Round("14", "compare_strategies_bbh_round14", "b11fa19",
+          "validation order: clear batch gains, then cheapest"),
     Round("15", "compare_strategies_bbh_round15", "b11fa19", "(round 14 again, new seeds)"),
     Round("14+15", "compare_strategies_bbh_round14_15", "b11fa19", "(rounds 14 and 15 as one run)"),
-    Round("16", "compare_strategies_bbh_round16", "38ad7c7", "near-miss pairs"),
-    Round("17", "compare_strategies_bbh_round17", "582de52", "a pair must beat each member alone on the batch"),
-    Round("18", "compare_strategies_bbh_round18", "427df88", "no: the later member alone; near misses by wins"),
+    Round("16", "compare_strategies_bbh_round16", "38ad7c7",
+          "near-miss pairs (validated if they beat the later member alone on the batch)"),
+    Round("17", "compare_strategies_bbh_round17", "582de52",
+          "a pair validated only if it beats each member alone on the batch"),
+    Round("18", "compare_strategies_bbh_round18", "427df88",
+          "round 17's question dropped; near misses ranked by validation wins"),
     Round("19", "compare_strategies_bbh_round19", "427df88", "(round 18's code on the first mixture)"),
 )
 
@@ -89,7 +97,8 @@ def row(r: Round) -> str | None:
 
 def render() -> str:
     head = ("| round | code | what changed before it | mixture | seeds | Ecdysis | per-instance | Self-Evolution "
-            "| Ecdysis − per-instance (points) | Ecdysis − Self-Evolution (points) | speedup vs per-instance (calls) |\n"
+            "| Ecdysis − per-instance (points) | Ecdysis − Self-Evolution (points) "
+            "| speedup vs per-instance (calls) |\n"
             "|---|---|---|---|---|---:|---:|---:|---|---|---|")
     rows = [line for r in ROUNDS if (line := row(r)) is not None]
     note = ("Mean test accuracy over the round's seeds; deltas are paired on the same test instances with "
@@ -102,16 +111,5 @@ def render() -> str:
     return "\n".join([head, *rows, "", note]) + "\n"
 
 
-def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} differs from the results files: run python bench/strategy_rounds.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    OUT.write_text(render())

@@ -101,9 +101,10 @@ class EvolveConfig:
     # has its paired outcomes there pooled with this batch's: both sides are paid for already, so
     # the verdict rests on more outcomes at no cost (False: each batch judged alone, as before).
     screen_pool: bool = True
-    # Pairs: a change refused on validation without a loss the validation can tell (a near miss) is
-    # screened again composed with a change that survives screening later on the same harness.
-    # Where on the batch the pair beats that change alone, the pair is validated before it, and
+    # Pairs: a change refused on validation without a loss the validation can tell (a near miss;
+    # the one with most validation wins) is screened again composed with a change that survives
+    # screening later on the same harness. Where on the batch the pair beats that change alone,
+    # the pair is validated before it, and
     # kept only if it also beats the near miss's own validation by the gate's minimum. Two changes
     # can each fail alone and pass together (on a BIG-Bench Hard mixture, an answer-format
     # instruction at -3 and option scoring at +2 of 120, together +10); greedy selection, which
@@ -700,7 +701,8 @@ class Evolver:
         """After a change is kept, the approved changes not yet validated are screened again on top
         of it (greedy forward selection): one that gained nothing alone may complete the kept one
         (an answer-extraction fix after a format instruction), and one that gained alone may add
-        nothing now."""
+        nothing now. After one is refused (with `complements`), the same screens are reused and a
+        change still to be validated may now be paired with it."""
         steps = cur.get("steps", [])
         # Validated: alone, or in a kept step. A pair refused leaves its later member to be
         # validated alone, as it would have been had the pair not been tried.
@@ -729,7 +731,8 @@ class Evolver:
         files: dict[str, str] = dict(current.files)
         for member, chosen in zip(proposals, chosen_files):
             origin = self.store.get_harness(member.harness_version) or current  # type: ignore[union-attr]
-            patch = [FileDiff.from_json(d) for d in _diffs_between(origin.files, {**origin.files, **chosen})]  # type: ignore[dict-item]
+            wanted = {**origin.files, **(chosen or {})}
+            patch = [FileDiff.from_json(d) for d in _diffs_between(origin.files, wanted)]
             applied = apply_diffs(files, patch)
             if not applied.ok:
                 return {**against, "passed": False, "net": 0, "extra_calls": 0.0,
