@@ -104,11 +104,11 @@ class EvolveConfig:
     # Pairs: a change refused on validation without a loss the validation can tell (a near miss;
     # the one with most validation wins) is screened again composed with a change that survives
     # screening later on the same harness. Where on the batch the pair beats that change alone,
-    # the pair is validated before it, and
-    # kept only if it also beats the near miss's own validation by the gate's minimum. Two changes
-    # can each fail alone and pass together (on a BIG-Bench Hard mixture, an answer-format
-    # instruction at -3 and option scoring at +2 of 120, together +10); greedy selection, which
-    # keeps one change before it tries the next on top, never reaches such a pair.
+    # the pair is validated before it, and kept only if it also beats the near miss's own
+    # validation by the gate's minimum. Two changes can each fail alone and pass together (on a
+    # BIG-Bench Hard mixture, an answer-format instruction at -3 and option scoring at +2 of 120,
+    # together +10); greedy selection, which keeps one change before it tries the next on top,
+    # never reaches such a pair.
     complements: bool = True
     charge_cached: bool = False    # benchmarks sharing one cache: a cached answer costs its call
     seed: int = 0                  # != 0: the train split is shuffled by it before batches are cut
@@ -723,17 +723,14 @@ class Evolver:
         proposals = [self.store.get_proposal(m) for m in members]
         chosen_files = [approved_files(self.store, p) if p else None for p in proposals]
         proposal = proposals[-1]
-        if proposal is None or any(p is None for p in proposals) or any(c is None for c in chosen_files):
+        if any(p is None for p in proposals) or any(c is None for c in chosen_files):
             return {"passed": False, "net": 0, "extra_calls": 0.0, "reason": "no approved files"}
         # Screened on top of the version kept so far (the iteration's start, or a change kept since).
         current = self.svc.harness(evo.current_version)
         against = {"against": current.id}
         files: dict[str, str] = dict(current.files)
         for member, chosen in zip(proposals, chosen_files):
-            origin = self.store.get_harness(member.harness_version) or current  # type: ignore[union-attr]
-            wanted = {**origin.files, **(chosen or {})}
-            patch = [FileDiff.from_json(d) for d in _diffs_between(origin.files, wanted)]
-            applied = apply_diffs(files, patch)
+            applied = apply_diffs(files, self._patch(member, chosen, current))  # type: ignore[arg-type]
             if not applied.ok:
                 return {**against, "passed": False, "net": 0, "extra_calls": 0.0,
                         "reason": "its patch no longer applies: " + "; ".join(applied.failures)}
@@ -849,6 +846,12 @@ class Evolver:
 
     # ------------------------------------------------------------ composition and the gate
 
+    def _patch(self, proposal: ProposalRecord, chosen: dict[str, str], fallback: HarnessVersion) -> list[FileDiff]:
+        """The approved files of `proposal` as a diff against the version it was proposed for
+        (`fallback` when that version is gone), to apply to whichever version is kept now."""
+        origin = self.store.get_harness(proposal.harness_version) or fallback
+        return [FileDiff.from_json(d) for d in _diffs_between(origin.files, {**origin.files, **chosen})]
+
     def _compose(self, evo: EvolutionRecord, group: list[str]) -> tuple[str | None, list[dict[str, Any]]]:
         """The current version with the approved (or edited) changes of `group` applied, each as
         its diff against the version it was proposed for. A change whose patch no longer applies
@@ -870,9 +873,7 @@ class Evolver:
                 lifecycle.move(self.store, pid, "superseded")
                 applied.append({"proposal_id": pid, "applied": False, "why": "the same change is already in the harness"})
                 continue
-            origin = self.store.get_harness(proposal.harness_version) or base
-            patch = [FileDiff.from_json(d) for d in _diffs_between(origin.files, {**origin.files, **chosen})]
-            result = apply_diffs(files, patch)
+            result = apply_diffs(files, self._patch(proposal, chosen, base))
             if not result.ok:
                 lifecycle.move(self.store, pid, "superseded")
                 applied.append({"proposal_id": pid, "applied": False, "why": "; ".join(result.failures)})
@@ -1057,8 +1058,8 @@ class Evolver:
             measured = {"val_delta": round(verdict.candidate_accuracy - verdict.parent_accuracy, 4),
                         "wins": verdict.wins, "losses": verdict.losses, "n": verdict.n, "kept": kept,
                         "jointly_with": len(applied) - 1, **cur.get("verdict_cost", {})}
-        screened = cur.get("screen", {})
-        together = screened.get("+".join(self._group(cur))) if len(self._group(cur)) > 1 else None
+        screened, group = cur.get("screen", {}), self._group(cur)
+        together = screened.get("+".join(group)) if len(group) > 1 else None
         spent, spent0 = self._spent(), cur.get("spent_at_start", {"calls": 0, "seconds": 0.0})
         step = {"step": cur.get("step", 0), "candidate": cur.get("candidate"), "parent": evo.current_version,
                 # What the iteration had spent when this verdict was reached: the curve's point for it.
