@@ -144,6 +144,9 @@ def read_zip(data: bytes, *, origin: str = "archive") -> tuple[dict[str, str], d
         seen: set[str] = set()
         for info in infos:
             name = info.filename
+            if not name:
+                # zipfile's own `is_dir` fails on it (IndexError), found by the property test below.
+                raise InputError("an entry has no name", path=origin)
             if name in seen:
                 # Tools disagree on which of two same-named entries wins: what a reviewer unpacks
                 # must be what is imported.

@@ -351,6 +351,20 @@ def test_harness_zip_imports_or_is_refused_storing_nothing(shared_store: Any, da
     assert shared_store.get_harness(version.id).files == version.files
 
 
+def test_a_zip_entry_without_a_name_is_refused_storing_nothing(store: Any) -> None:
+    """An example the property test above found: zipfile itself raises IndexError on such an
+    entry, so it was a crash, not a refusal."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("harness/user.md", "{input}")
+        with zf.open(zipfile.ZipInfo(""), "w") as fh:
+            fh.write(b"x")
+    before = row_counts(store)
+    with pytest.raises(InputError, match="an entry has no name"):
+        import_zip(store, buf.getvalue())
+    assert row_counts(store) == before
+
+
 def test_an_exported_zip_imports_back_as_the_same_version(store: Any) -> None:
     from ecdysis.harness import ensure_starter
     starter = ensure_starter(store)
