@@ -955,8 +955,8 @@ HELD = (("bare", "wrapped"),) * 3 + (("empty", "bare"),) * 3 + (("empty", "wrapp
 BATCH = (("wrapped", "wrapped"),) * 3 + (("empty", "bare"),) * 3 + (("empty", "wrapped"),)
 
 
-def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str], ...] = HELD
-               ) -> tuple[Service, str, Any]:
+def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str], ...] = HELD,
+               batch: tuple[tuple[str, str], ...] = BATCH) -> tuple[Service, str, Any]:
     """A model whose reply depends on whether the prompt asks for digits: each instance has a reply
     kind without that line and one with it (`REPLIES`). Validation and test hold `held`, by
     default three (bare, wrapped), three (empty, bare) and six (empty, wrapped): asking for digits
@@ -972,8 +972,8 @@ def pair_world(tmp_path: Path, store, model_id: str, held: tuple[tuple[str, str]
     kinds = {i.id: ("bare", "bare") for i in loaded.instances}
     for split in ("validation", "test"):
         kinds.update({i.id: kind for i, kind in zip(loaded.split(split), held)})
-    batch = window(pick_instances(loaded, "train", None), 12, 1)
-    kinds.update({i.id: kind for i, kind in zip(batch, BATCH)})
+    first = window(pick_instances(loaded, "train", None), 12, 1)
+    kinds.update({i.id: kind for i, kind in zip(first, batch)})
     asked = [Rule(text=REPLIES[kinds[i.id][1]].format(t=i.target, u=0), match=DIGITS + i.input)
              for i in loaded.instances]
     plain = [Rule(text=REPLIES[kinds[i.id][0]].format(t=i.target, u=0), match=i.input) for i in loaded.instances]
@@ -1050,6 +1050,30 @@ def test_a_pair_is_not_kept_for_what_its_near_miss_does_alone(tmp_path: Path, st
     assert (verdict["wins"], verdict["losses"]) == (5, 0), verdict
     assert "but against retry_unparsable alone it nets +1 (1 won, 0 lost), below the minimum of 2" in verdict["reason"]
     assert done.current_version == done.base_version
+
+
+def test_a_pair_the_batch_put_behind_is_validated_when_both_fail_alone(tmp_path: Path, store) -> None:
+    """On this batch the pair only ties reading the last number alone: it repairs three replies
+    the digits line empties of nothing (empty, bare) and loses three that line empties (wrapped,
+    empty), so reading is validated alone first. It changes nothing on validation and is refused,
+    a near miss like the digits line (3 won, 3 lost). Both members now fail alone, and the pair
+    screened already is validated last: 9 won, none lost, against the parent and each member's own
+    validation, and kept. Before, a pair the batch did not put first was never validated."""
+    model = "planted-pair-behind"
+    svc, suite, review = pair_world(tmp_path, store, model, batch=(("empty", "bare"),) * 3 + (
+        ("wrapped", "empty"),) * 3)
+    evo = Evolver(svc, reviewer=review)
+    done = evo.run(evo.create(config(suite, models=[model])).id)
+    row = done.iterations[0]
+    steps = [([c["operator"] for c in st["changes"]], st["kept"]) for st in row["steps"]]
+    assert steps == [(["retry_unparsable"], False), (["answer_extraction"], False),
+                     (["retry_unparsable", "answer_extraction"], True)], row["steps"]
+    together = row["steps"][2]["changes"][1]["screened"]
+    assert together["passed"] and together["over_alone"] == {"n": 12, "wins": 3, "losses": 3, "net": 0}, together
+    alone = row["steps"][1]["changes"][0]["measured"]
+    assert (alone["wins"], alone["losses"]) == (0, 0), alone
+    assert (row["steps"][2]["verdict"]["wins"], row["steps"][2]["verdict"]["losses"]) == (9, 0)
+    assert done.result["test_accuracy"] == 1.0 and done.result["base_test_accuracy"] == 0.25
 
 
 def test_a_pair_is_made_with_the_near_miss_that_won_most_on_validation(world) -> None:
