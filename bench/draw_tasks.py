@@ -21,6 +21,12 @@ this script picks them by a rule fixed before any of them is run:
 BIG-Bench Hard (`--source bbh`) holds BBH versions of most of the nine (`USED_BBH`), which are
 left out the same way. Its tasks have at most 250 examples, so the least size there is
 `MIN_SIZE_BBH`; the cost rule is the same.
+
+A later draw leaves out what earlier draws picked with `--exclude` (a mixture's suite name or its
+task names joined by "+"), so the same seed and the same list always give the same tasks:
+
+    python bench/draw_tasks.py --source bbh --seed ecdysis-bbh-round20 \
+        --exclude bbh:movie_recommendation+tracking_shuffled_objects_three_objects+object_counting+web_of_lies
 """
 
 from __future__ import annotations
@@ -71,12 +77,14 @@ def cost_figures(task: str, prefix: str = "bigbench:") -> dict:
     return {"task": task, "median_chars": int(statistics.median(lengths)), "max_choices": max(choices, default=0)}
 
 
-def draw(seed: str, n_choice: int, n_exact: int, source: str = "bigbench") -> tuple[list[str], list[dict]]:
+def draw(seed: str, n_choice: int, n_exact: int, source: str = "bigbench",
+         exclude: frozenset[str] = frozenset()) -> tuple[list[str], list[dict]]:
     prefix = PREFIX[source]
     if source == "bbh":
-        pools = eligible(bigbench_catalogue(bbh_dir(), build=False, prefix=prefix), prefix, USED_BBH, MIN_SIZE_BBH)
+        pools = eligible(bigbench_catalogue(bbh_dir(), build=False, prefix=prefix), prefix, USED_BBH | exclude,
+                         MIN_SIZE_BBH)
     else:
-        pools = eligible(bigbench_catalogue(build=False))
+        pools = eligible(bigbench_catalogue(build=False), used=USED | exclude)
     picked: list[str] = []
     looked: list[dict] = []
     for scorer, wanted in (("multiple_choice", n_choice), ("exact", n_exact)):
@@ -102,14 +110,19 @@ def main() -> None:
     parser.add_argument("--choice", type=int, default=2)
     parser.add_argument("--exact", type=int, default=2)
     parser.add_argument("--source", choices=sorted(PREFIX), default="bigbench")
+    parser.add_argument("--exclude", action="append", default=[],
+                        help="tasks an earlier draw picked, as a suite name or names joined by '+' (repeatable)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    picked, looked = draw(args.seed, args.choice, args.exact, args.source)
+    exclude = frozenset(task for arg in args.exclude
+                        for task in arg.split(":", 1)[-1].split("+") if task)
+    picked, looked = draw(args.seed, args.choice, args.exact, args.source, exclude)
     if not picked:
         raise SystemExit(f"no task of {args.source} is listed here: run scripts/setup.sh first")
     name = PREFIX[args.source] + "+".join(picked)
     if args.json:
-        print(json.dumps({"seed": args.seed, "suite": name, "looked_at": looked}, indent=2))
+        print(json.dumps({"seed": args.seed, "excluded": sorted(exclude), "suite": name, "looked_at": looked},
+                         indent=2))
     else:
         print(name)
 
