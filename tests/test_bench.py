@@ -186,3 +186,10 @@ def test_a_mixture_drawn_from_big_bench_hard_leaves_out_the_tasks_looked_at_befo
                            cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "bbh:" + "+".join(picked)
+    # A later draw leaves those four out too, and the command line takes them as the suite's name.
+    later, _ = draw("ecdysis-bbh-round20", 2, 2, "bbh", frozenset(picked))
+    assert len(later) == 4 and not set(later) & (USED_BBH | set(picked))
+    third = subprocess.run([sys.executable, "bench/draw_tasks.py", "--source", "bbh", "--seed", "ecdysis-bbh-round20",
+                            "--exclude", again.stdout.strip()], cwd=ROOT, capture_output=True, text=True)
+    assert third.returncode == 0, third.stderr
+    assert third.stdout.strip() == "bbh:" + "+".join(later)
