@@ -69,6 +69,15 @@ def _body(svc: Service, evo: EvolutionRecord) -> None:
             st.dataframe(changes, hide_index=True, width="stretch", key=f"changes:{evo.id}",
                          column_config={"predicted": st.column_config.TextColumn("predicted", width="large"),
                                         "why": st.column_config.TextColumn("why", width="large")})
+        pairs = views.pair_rows(evo)
+        if pairs:
+            st.markdown("**Pairs screened together**")
+            st.caption("A change refused alone on validation without a clear loss (a near miss), composed with a "
+                       "change screened after it: against the parent, and over the later change alone, on the same "
+                       "batch. A pair the batch puts ahead is validated before the later change; one it puts behind "
+                       "is validated once the later change fails alone too.")
+            st.dataframe(pairs, hide_index=True, width="stretch", key=f"pairs:{evo.id}",
+                         column_config={"why": st.column_config.TextColumn("why", width="large")})
     elif evo.status in LIVE:
         st.caption("The first iteration is running: train batch, then diagnosis, gate and validation.")
     else:

@@ -603,6 +603,24 @@ def change_rows(e: EvolutionRecord) -> list[dict[str, Any]]:
     return rows
 
 
+def pair_rows(e: EvolutionRecord) -> list[dict[str, Any]]:
+    """Every pair of changes screened together (a near miss and a change screened after it), with
+    what the batch said against the parent and over the later change alone, and its fate."""
+    rows = []
+    for r in e.rows:
+        for p in r.pairs:
+            names = [o or m for o, m in zip(p.operators, p.members)] or list(p.members)
+            over = p.over_alone
+            rows.append({
+                "iteration": r.iteration, "pair": " + ".join(names),
+                "screened": (f"net {p.net:+d} ({p.wins} won, {p.losses} lost of {p.n})"
+                             if p.n is not None and p.net is not None else None),
+                "over the later alone": (f"net {over.get('net', 0):+d} ({over.get('wins', 0)} won, "
+                                         f"{over.get('losses', 0)} lost of {over.get('n', 0)})" if over else None),
+                "outcome": p.outcome.replace("_", " "), "why": p.why or None})
+    return rows
+
+
 def compare(ecdysis: EvolutionRecord, baseline: EvolutionRecord) -> Comparison:
     from ecdysis import compare as defs
     e, b = strategy_stats(ecdysis), strategy_stats(baseline)

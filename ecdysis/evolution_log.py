@@ -181,6 +181,31 @@ class Tried:
 
 
 @dataclass(frozen=True)
+class PairScreen:
+    """Two changes screened composed (a near miss and a change screened after it): against the
+    parent, and over the later change alone on the same batch; what became of the pair."""
+
+    members: tuple[str, ...] = ()
+    operators: tuple[str, ...] = ()
+    passed: bool = False
+    n: int | None = None
+    wins: int = 0
+    losses: int = 0
+    net: int | None = None
+    over_alone: Mapping[str, int] = field(default_factory=dict)
+    outcome: str = ""
+    why: str = ""
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> PairScreen:
+        d = _pick(cls, data)
+        return cls(**{**d, "members": tuple(str(m) for m in d.get("members") or ()),
+                      "operators": tuple(str(o or "") for o in d.get("operators") or ()),
+                      "passed": bool(d.get("passed")), "over_alone": dict(d.get("over_alone") or {}),
+                      "outcome": str(d.get("outcome") or ""), "why": str(d.get("why") or "")})
+
+
+@dataclass(frozen=True)
 class IterationRow:
     """A finished iteration of an evolution."""
 
@@ -199,6 +224,7 @@ class IterationRow:
     gate: str = ""                       # the gate's reasons, or why there was no candidate
     steps: tuple[GateStep, ...] | None = None  # None in rows written before steps were stored
     history: tuple[Tried, ...] = ()
+    pairs: tuple[PairScreen, ...] = ()   # pairs screened together (`EvolveConfig.complements`)
     model_calls: int = 0
     tokens: int = 0
     model_seconds: float | None = None   # None in rows written before model seconds were charged
@@ -216,6 +242,7 @@ class IterationRow:
         return cls(**{**d, "iteration": int(d.get("iteration") or 0),
                       "steps": None if steps is None else tuple(GateStep.parse(s) for s in steps),
                       "history": tuple(Tried.parse(h) for h in d.get("history") or ()),
+                      "pairs": tuple(PairScreen.parse(p) for p in d.get("pairs") or ()),
                       "diagnosis_ids": tuple(d.get("diagnosis_ids") or ()),
                       "model_calls": int(d.get("model_calls") or 0), "tokens": int(d.get("tokens") or 0),
                       "model_seconds": None if d.get("model_seconds") is None else float(d["model_seconds"]),

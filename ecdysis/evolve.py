@@ -1130,6 +1130,7 @@ class Evolver:
             "gate": "; ".join(v.reason for v in verdicts) if verdicts else self._no_candidate_reason(cur),
             "steps": steps,
             "history": self._outcomes_of(cur, steps),
+            "pairs": self._pairs_of(cur, steps),
             "model_calls": spent["calls"] - spent0["calls"],
             "tokens": spent["tokens"] - spent0["tokens"],
             "model_seconds": round(spent.get("seconds", 0.0) - spent0.get("seconds", 0.0), 3),
@@ -1141,7 +1142,7 @@ class Evolver:
         }
         evo.iterations.append(row)
         self.events({"type": "iteration_done", "evolution_id": evo.id,
-                     **{k: v for k, v in row.items() if k not in ("steps", "history")}})
+                     **{k: v for k, v in row.items() if k not in ("steps", "history", "pairs")}})
         evo.result["cursor"] = {"iteration": cur["iteration"] + 1, "phase": "train"}
 
     def _no_candidate_reason(self, cur: dict[str, Any]) -> str:
@@ -1153,6 +1154,39 @@ class Evolver:
         if screened and not any(s.get("passed") for s in screened.values()):
             return "no change survived screening"
         return "no applicable proposal"
+
+    def _pairs_of(self, cur: dict[str, Any], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each pair the iteration screened (`complements`): its members, what the screen measured
+        against the parent and over the later member alone, and what became of it, so a pair the
+        batch turned down or put behind is on record with its figures, not only its runs."""
+        fate = {frozenset(c["proposal_id"] for c in st["changes"]): st for st in steps}
+        out = []
+        for key, sc in cur.get("screen", {}).items():
+            members = key.split("+")
+            if len(members) < 2:
+                continue
+            operators = [(p.spec.get("operator") or "") if (p := self.store.get_proposal(pid)) else ""
+                         for pid in members]
+            step = fate.get(frozenset(members))
+            later = fate.get(frozenset(members[-1:]))
+            name = operators[-1] or members[-1]
+            if step is not None:
+                outcome = ("not_validated" if step.get("not_validated") else "kept" if step["kept"]
+                           else "rolled_back")
+                why = step.get("not_validated") or (step.get("verdict") or {}).get("reason", "")
+            elif not sc.get("passed"):
+                outcome, why = "screened_out", sc.get("reason", "")
+            else:
+                outcome = "not_validated"
+                then = ("not validated" if later is None or not later.get("verdict") else "kept" if later["kept"]
+                        else f"refused: {later['verdict'].get('reason', '')}")
+                why = (f"on the batch it netted {(sc.get('over_alone') or {}).get('net', 0):+d} over {name} "
+                       f"alone, which went first and was {then}")
+            out.append({"members": members, "operators": operators, "against": sc.get("against"),
+                        "passed": bool(sc.get("passed")), **{k: sc[k] for k in ("n", "wins", "losses", "net")
+                                                              if k in sc},
+                        "over_alone": sc.get("over_alone") or {}, "outcome": outcome, "why": why})
+        return out
 
     def _outcomes_of(self, cur: dict[str, Any], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Each proposal of the iteration and what became of it, for the roles of later iterations."""

@@ -593,6 +593,26 @@ def test_evolution_figures_say_what_the_numbers_say(svc: Service) -> None:
     assert cost["layout"]["margin"]["t"] >= 60, "room above the plots for the panel titles"
 
 
+def test_evolution_page_shows_the_pairs_screened_together(svc: Service) -> None:
+    """A pair screened and not validated is on the page with its figures and why, its text shown
+    as it is (a dataframe cell renders no markdown or HTML)."""
+    evo = _evolution("ecdysis", [6.0], [6], 0.3)
+    why = "on the batch it netted -1 over **x** <b>alone</b>, which went first and was kept"
+    evo.iterations[0]["pairs"] = [{"members": ["p1", "p2"], "operators": ["answer_format_instruction", ""],
+                                   "passed": True, "n": 24, "wins": 5, "losses": 1, "net": 4,
+                                   "over_alone": {"n": 24, "wins": 2, "losses": 3, "net": -1},
+                                   "outcome": "not_validated", "why": why}]
+    svc.store.save_evolution(evo)
+    at = open_page("5_evolution")
+    assert_clean(at)
+    assert "Pairs screened together" in texts(at)
+    table = next(d.value for d in at.dataframe if "over the later alone" in d.value.columns)
+    row = table.iloc[0]
+    assert (row["pair"], row["screened"], row["over the later alone"], row["outcome"], row["why"]) == (
+        "answer_format_instruction + p2", "net +4 (5 won, 1 lost of 24)", "net -1 (2 won, 3 lost of 24)",
+        "not validated", why)
+
+
 def test_human_gate_waits_for_the_review_page(ecdysis_home: Path, svc: Service) -> None:
     register_models()
     svc.start_evolution_job(EvolveConfig(suite="reasoning-mix", models=["alpha"], iterations=1, batch_size=6,

@@ -1074,6 +1074,33 @@ def test_a_pair_the_batch_put_behind_is_validated_when_both_fail_alone(tmp_path:
     assert (alone["wins"], alone["losses"]) == (0, 0), alone
     assert (row["steps"][2]["verdict"]["wins"], row["steps"][2]["verdict"]["losses"]) == (9, 0)
     assert done.result["test_accuracy"] == 1.0 and done.result["base_test_accuracy"] == 0.25
+    from app import views
+    assert views.pair_rows(done) == [{
+        "iteration": 1, "pair": "retry_unparsable + answer_extraction", "screened": "net +3 (3 won, 0 lost of 12)",
+        "over the later alone": "net +0 (3 won, 3 lost of 12)", "outcome": "kept",
+        "why": row["steps"][2]["verdict"]["reason"]}]
+
+
+def test_a_pair_the_batch_put_behind_is_on_record_when_not_validated(tmp_path: Path, store) -> None:
+    """The same batch, but on validation reading the last number alone wins five wrapped replies
+    and is kept: the pair behind it is not validated, and the iteration's record keeps its screen,
+    its figures over reading alone and why it went no further, for the app to show."""
+    model = "planted-pair-moot"
+    svc, suite, review = pair_world(tmp_path, store, model, batch=(("empty", "bare"),) * 3 + (
+        ("wrapped", "empty"),) * 3, held=(("wrapped", "wrapped"),) * 5 + (("empty", "bare"),) * 3 + (
+        ("bare", "wrapped"),) * 3 + (("bare", "bare"),))
+    evo = Evolver(svc, reviewer=review)
+    done = evo.run(evo.create(config(suite, models=[model])).id)
+    row = done.iterations[0]
+    steps = [([c["operator"] for c in st["changes"]], st["kept"]) for st in row["steps"]]
+    assert steps == [(["retry_unparsable"], False), (["answer_extraction"], True)], row["steps"]
+    [pair] = row["pairs"]
+    assert pair["operators"] == ["retry_unparsable", "answer_extraction"] and pair["passed"], pair
+    assert pair["outcome"] == "not_validated" and pair["over_alone"]["net"] == 0, pair
+    assert pair["why"] == "on the batch it netted +0 over answer_extraction alone, which went first and was kept"
+    from app import views
+    assert [(r["pair"], r["outcome"]) for r in views.pair_rows(done)] == [
+        ("retry_unparsable + answer_extraction", "not validated")]
 
 
 def test_a_pair_is_made_with_the_near_miss_that_won_most_on_validation(world) -> None:
