@@ -53,7 +53,15 @@ def config(args: argparse.Namespace, suite: str, strategy: str, seed: int, roles
                         batch_size=args.batch_size, val_limit=args.val_limit, test_limit=args.test_limit,
                         auto_approve=True, role_backend=roles, max_rounds=2, concurrency=1,
                         max_model_calls=args.budget, charge_cached=True, seed=seed,
-                        label=evolution_label(suite, strategy, seed, roles, args.tag))
+                        holdout_window=args.holdout_window,
+                        label=evolution_label(suite, strategy, seed, roles, run_tag(args)))
+
+
+def run_tag(args: argparse.Namespace) -> str:
+    """The labels' tag: `--tag`, and the held-out window when it is not the first, so that a run on
+    another window never finds the evolutions of this one."""
+    window = getattr(args, "holdout_window", 0)
+    return "-".join(part for part in (args.tag, f"holdout{window}" * bool(window)) if part)
 
 
 def evolution_label(suite: str, strategy: str, seed: int, roles: str, tag: str = "") -> str:
@@ -112,12 +120,15 @@ def base_val(svc: Any, args: argparse.Namespace, suite: str) -> float:
     from ecdysis.budget import CallBudget
     from ecdysis.harness import ensure_starter
     from ecdysis.runner import Runner, pick_instances
-    instances = pick_instances(svc.suite(suite), "validation", args.val_limit)
+    instances = pick_instances(svc.suite(suite), "validation", args.val_limit, window=args.holdout_window)
     starter = ensure_starter(svc.store)
     correct = total = 0
     for model in args.model:
         run = Runner(svc.store, limits=svc.limits()).create(svc.suite(suite), model, starter, split="validation",
-                                                            label=f"bench:{suite}:base-val", instances=instances)
+                                                            label=f"bench:{suite}:base-val"
+                                                            + (f":holdout{args.holdout_window}"
+                                                               if args.holdout_window else ""),
+                                                            instances=instances)
         svc.execute_run(run.id, budget=CallBudget())
         results = svc.store.get_results(run.id)
         correct += sum(r.correct for r in results)
@@ -223,7 +234,11 @@ def markdown(result: dict[str, Any]) -> str:
         [f"{cfg['llm_roles_seeds']} with `{cfg['llm_roles']}` roles"] * bool(cfg.get("llm_roles") and
                                                                           cfg.get("llm_roles_seeds"))
     lines = [f"Models {', '.join(cfg['model'])}; {cfg['iterations']} iterations, batch {cfg['batch_size']}, "
-             f"validation {cfg['val_limit']}, test {cfg['test_limit']} (or the whole split if smaller), budget "
+             f"validation {cfg['val_limit']}, test {cfg['test_limit']} "
+             + (f"(window {cfg['holdout_window']} of each split: the instances after the first "
+                f"{cfg['holdout_window']} windows of that size), " if cfg.get("holdout_window")
+                else "(or the whole split if smaller), ")
+             + "budget "
              f"{cfg['budget']} model calls a strategy; seeds planned: {', '.join(planned) or 'none'}; "
              f"{result['measured']}; load {result['machine']['load_before']}→{result['machine']['load_after']}, "
              f"CPU steal {result['machine']['steal_pct']} %."]
@@ -340,6 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--val-limit", type=int, default=60)
     parser.add_argument("--test-limit", type=int, default=100)
+    parser.add_argument("--holdout-window", type=int, default=0,
+                        help="which --val-limit and --test-limit window of the validation and test splits: "
+                             "0 the first, 1 the next (a second draw of the held-out sets, same train windows)")
     parser.add_argument("--budget", type=int, default=900, help="model calls per strategy, roles included")
     parser.add_argument("--llm-roles", default="qwen2.5-coder-1.5b",
                         help="the local role model of the LLM-roles rows ('' to skip them)")

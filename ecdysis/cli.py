@@ -256,6 +256,8 @@ def evolve(
     batch_size: int = typer.Option(30, min=1, help="train instances per iteration"),
     val_limit: Optional[int] = typer.Option(40, help="validation instances compared pairwise"),
     test_limit: Optional[int] = typer.Option(None, help="held-out test instances scored at the end"),
+    holdout_window: int = typer.Option(0, min=0, help="which --val-limit/--test-limit window of the validation "
+                                                      "and test splits (0: the first; 1: the next as many)"),
     harness: Optional[str] = typer.Option(None, help="start version (default: the starter harness)"),
     auto_approve: bool = typer.Option(False, "--auto-approve", help="approve every proposal"),
     review: bool = typer.Option(False, "--review", help="decide each proposal at a terminal prompt"),
@@ -306,7 +308,8 @@ def evolve(
             raise EcdysisError("--suite is required", hint="`ecdysis suites` lists them; or --resume EVOLUTION_ID")
         cfg = EvolveConfig(suite=suite, models=list(model or svc.settings.default_models), strategy=strategy,
                            iterations=iterations, batch_size=batch_size, val_limit=val_limit,
-                           test_limit=test_limit, harness=harness, auto_approve=auto_approve, gate=gate,
+                           test_limit=test_limit, holdout_window=holdout_window, harness=harness,
+                           auto_approve=auto_approve, gate=gate,
                            gate_min_net=gate_min_net, gate_k=gate_k, role_backend=roles, max_rounds=max_rounds,
                            concurrency=concurrency, max_model_calls=max_model_calls, max_tokens=max_tokens,
                            max_wall_s=max_wall, min_gain_per_call=min_gain_per_call, passes=passes,

@@ -104,14 +104,17 @@ class EvolveConfig:
     # Pairs: a change refused on validation without a loss the validation can tell (a near miss;
     # the one with most validation wins) is screened again composed with a change that survives
     # screening later on the same harness. Where on the batch the pair beats that change alone,
-    # the pair is validated before it, and kept only if it also beats the near miss's own
-    # validation by the gate's minimum. Two changes can each fail alone and pass together (on a
+    # the pair is validated before it; otherwise after it, once it is refused as a near miss too.
+    # A pair is kept only if it also beats each member's own validation by the gate's minimum. Two changes can each fail alone and pass together (on a
     # BIG-Bench Hard mixture, an answer-format instruction at -3 and option scoring at +2 of 120,
     # together +10); greedy selection, which keeps one change before it tries the next on top,
     # never reaches such a pair.
     complements: bool = True
     charge_cached: bool = False    # benchmarks sharing one cache: a cached answer costs its call
     seed: int = 0                  # != 0: the train split is shuffled by it before batches are cut
+    # Which window of the validation and test splits: 0 the first `val_limit` and `test_limit`
+    # instances, 1 the next as many, and so on (a benchmark's second draw of its held-out sets).
+    holdout_window: int = 0
 
     def validate(self) -> None:
         strategy(self.strategy)
@@ -123,6 +126,11 @@ class EvolveConfig:
             raise ConfigError(f"unknown gate {self.gate!r}", hint=f"use one of {', '.join(POLICIES)}")
         check_limit("--val-limit", self.val_limit)
         check_limit("--test-limit", self.test_limit)
+        if isinstance(self.holdout_window, bool) or not isinstance(self.holdout_window, int) or self.holdout_window < 0:
+            raise ConfigError(f"--holdout-window must be 0 or more, not {self.holdout_window!r}")
+        if self.holdout_window and (self.val_limit is None or self.test_limit is None):
+            raise ConfigError("--holdout-window needs --val-limit and --test-limit",
+                              hint="a window is counted in those sizes; without them the whole split is used")
 
     def policy(self) -> AcceptancePolicy:
         if self.gate == "paired-sign":
@@ -152,6 +160,9 @@ class Evolver:
         base = self.svc.harness(config.harness, suite=suite)
         if not suite.split("train") or not suite.split("validation"):
             raise ConfigError(f"suite {suite.name!r} needs train and validation instances")
+        if config.holdout_window:  # a window past the end of a split fails here, before anything is stored
+            pick_instances(suite, "validation", config.val_limit, window=config.holdout_window)
+            pick_instances(suite, "test", config.test_limit, window=config.holdout_window)
         now = time.time()
         evo = EvolutionRecord(id="e" + uuid.uuid4().hex[:11], strategy=config.strategy, suite=suite.name,
                               models=list(config.models), config=asdict(config), status="running",
@@ -374,7 +385,7 @@ class Evolver:
 
     def _val_instances(self, evo: EvolutionRecord, cfg: EvolveConfig, split: str = "validation",
                        limit: int | None = None) -> list[Instance]:
-        return pick_instances(self.svc.suite(evo.suite), split, limit)
+        return pick_instances(self.svc.suite(evo.suite), split, limit, window=cfg.holdout_window)
 
     def _ensure_runs(self, cur: dict[str, Any], slot: str, version: HarnessVersion, instances: list[Instance],
                      cfg: EvolveConfig, budget: CallBudget, *, split: str, owner: str = "") -> list[str]:

@@ -27,9 +27,10 @@ def check_limit(option: str, limit: int | None) -> None:
         raise InputError(f"{option} must be at least 1, not {limit!r}", hint=f"leave {option} out for the whole split")
 
 
-def pick_instances(suite: Suite, split: str, limit: int | None) -> list[Instance]:
+def pick_instances(suite: Suite, split: str, limit: int | None, *, window: int = 0) -> list[Instance]:
     """The first `limit` instances of a split, taken round-robin over categories so a small
-    batch still spans every category (a failure must be able to recur across categories)."""
+    batch still spans every category (a failure must be able to recur across categories); with
+    `window` n, the n-th `limit` after them instead, which must be there in full."""
     check_limit("the limit", limit)
     pool = suite.instances if split == "all" else suite.split(split)  # type: ignore[arg-type]
     by_cat: dict[str, list[Instance]] = {}
@@ -41,6 +42,14 @@ def pick_instances(suite: Suite, split: str, limit: int | None) -> list[Instance
         for q in queues:
             if q:
                 ordered.append(q.pop(0))
+    if window:
+        if limit is None:
+            raise InputError(f"window {window} of the {split} split needs a limit: a window is counted in it")
+        if len(ordered) < (window + 1) * limit:
+            raise InputError(f"window {window} of {limit} instances of the {split} split needs "
+                             f"{(window + 1) * limit}; {suite.name} has {len(ordered)}",
+                             hint="use a smaller window or limit")
+        return ordered[window * limit:(window + 1) * limit]
     return ordered[:limit] if limit is not None else ordered
 
 

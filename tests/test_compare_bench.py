@@ -130,3 +130,34 @@ def test_the_proposer_picks_benchmark_reads_the_cases_a_strategy_run_left(tmp_pa
     assert all(r["ranked"][0] == r["named"] == "answer_extraction" and r["ended"] == "model" for r in rows)
     assert f"named the ranking's first operator in {len(rows)}" in (out / "proposer_picks.md").read_text()
     assert proposer_picks.main(["--home", str(home), "--tag", "no-such-tag", "--out", str(out)]) == 2
+
+
+def test_a_second_holdout_window_validates_and_tests_on_other_instances(tmp_path: Path, monkeypatch) -> None:
+    """`--holdout-window 1`: the same train windows, the next as many validation and test
+    instances. Its evolutions are its own (labels tagged `holdout1`), and their validation and
+    sealed test runs hold exactly the second window of each split, none of the first."""
+    from ecdysis.runner import pick_instances
+    from ecdysis.service import Service
+    from ecdysis.suites import load_suite
+    from storage import open_store
+    suite = load_suite("arithmetic")
+    rules = [{"match": i.input, "text": f"Let me think.\nThe answer is {i.target}."} for i in suite.instances]
+    script = tmp_path / "model.json"
+    script.write_text(json.dumps({"rules": rules, "default": "I do not know."}))
+    home, out = tmp_path / "home", tmp_path / "results"
+    monkeypatch.delenv("ECDYSIS_DATABASE_URL", raising=False)
+    assert compare_strategies.main(["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}",
+                                    "--strategy", "ecdysis", "--holdout-window", "1", "--home", str(home),
+                                    "--out", str(out)]) == 0
+    result = json.loads((out / "compare_strategies.json").read_text())
+    assert result["config"]["holdout_window"] == 1
+    assert "(window 1 of each split" in (out / "compare_strategies.md").read_text()
+    svc = Service(open_store(compare_strategies.home_settings(str(home)).database_url))
+    evos = svc.store.list_evolutions(limit=100)
+    assert len(evos) == 2 and all(e.config["label"].endswith(":heuristic:holdout1") for e in evos)
+    for split in ("validation", "test"):
+        second = {i.id for i in pick_instances(suite, split, 6, window=1)}
+        first = {i.id for i in pick_instances(suite, split, 6)}
+        runs = [r for r in svc.store.list_runs(limit=1000) if r.split == split]
+        assert runs and all(set(r.instance_ids) == second for r in runs), split
+        assert not second & first

@@ -62,6 +62,9 @@ def stored(home: Path, table: str) -> int:
     (["run", "--suite", "boolean", "--limit", "-5"], "--limit must be at least 1, not -5"),
     (["evolve", "--suite", "boolean", "--val-limit", "0"], "--val-limit must be at least 1, not 0"),
     (["evolve", "--suite", "boolean", "--test-limit", "-5"], "--test-limit must be at least 1, not -5"),
+    (["evolve", "--suite", "boolean", "--holdout-window", "1"], "--holdout-window needs --val-limit and --test-limit"),
+    (["evolve", "--suite", "boolean", "--test-limit", "5", "--holdout-window", "1"],
+     "window 1 of 40 instances of the validation split needs 80; boolean has 15"),
 ])
 def test_a_limit_below_one_is_refused_and_nothing_is_stored(ecdysis_home: Path, args: list[str], needle: str) -> None:
     one_line_error(ecdysis(ecdysis_home, *args), needle)

@@ -28,6 +28,20 @@ def test_pick_instances_round_robins_over_categories() -> None:
     assert all(i.split == "train" for i in picked)
 
 
+def test_a_window_of_a_split_is_the_next_as_many_and_must_be_there_in_full() -> None:
+    from ecdysis.errors import InputError
+    suite = load_suite("reasoning-mix")
+    first, second = pick_instances(suite, "test", 10), pick_instances(suite, "test", 10, window=1)
+    assert len(second) == 10 and not {i.id for i in first} & {i.id for i in second}
+    assert [i.id for i in first + second] == [i.id for i in pick_instances(suite, "test", 20)]
+    assert len({i.category for i in second}) == len(suite.categories)  # still round-robin
+    size = len(suite.split("test"))
+    with pytest.raises(InputError, match=f"needs {2 * size}; reasoning-mix has {size}"):
+        pick_instances(suite, "test", size, window=1)
+    with pytest.raises(InputError):
+        pick_instances(suite, "test", None, window=1)
+
+
 def test_run_stores_every_instance_and_call(store) -> None:
     scripted()
     svc = Service(store)
