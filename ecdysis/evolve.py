@@ -105,10 +105,10 @@ class EvolveConfig:
     # the one with most validation wins) is screened again composed with a change that survives
     # screening later on the same harness. Where on the batch the pair beats that change alone,
     # the pair is validated before it; otherwise after it, once it is refused as a near miss too.
-    # A pair is kept only if it also beats each member's own validation by the gate's minimum. Two changes can each fail alone and pass together (on a
-    # BIG-Bench Hard mixture, an answer-format instruction at -3 and option scoring at +2 of 120,
-    # together +10); greedy selection, which keeps one change before it tries the next on top,
-    # never reaches such a pair.
+    # A pair is kept only if it also beats each member's own validation by the gate's minimum.
+    # Two changes can each fail alone and pass together (on a BIG-Bench Hard mixture, an
+    # answer-format instruction at -3 and option scoring at +2 of 120, together +10); greedy
+    # selection, which keeps one change before it tries the next on top, never reaches such a pair.
     complements: bool = True
     charge_cached: bool = False    # benchmarks sharing one cache: a cached answer costs its call
     seed: int = 0                  # != 0: the train split is shuffled by it before batches are cut
@@ -677,7 +677,7 @@ class Evolver:
         # alone, the case pairs are for, so the pair is validated last (its screen is paid for). The
         # batch orders a pair before its member; it cannot turn it down (on BIG-Bench Hard its 24
         # outcomes put a pair worth +10 of 120 on validation level with or behind option scoring
-        # alone on 2 seeds of 6).
+        # alone on 3 seeds of 12, rounds 16 and 18).
         near = {m["proposal_id"] for m in misses}
         queued = tried | {frozenset(g) for g in groups}
         for key, together in screened.items():
@@ -1188,11 +1188,12 @@ class Evolver:
             elif not sc.get("passed"):
                 outcome, why = "screened_out", sc.get("reason", "")
             else:
-                outcome = "not_validated"
+                outcome, over = "not_validated", (sc.get("over_alone") or {}).get("net", 0)
                 then = ("not validated" if later is None or not later.get("verdict") else "kept" if later["kept"]
                         else f"refused: {later['verdict'].get('reason', '')}")
-                why = (f"on the batch it netted {(sc.get('over_alone') or {}).get('net', 0):+d} over {name} "
-                       f"alone, which went first and was {then}")
+                why = (f"on the batch it netted {over:+d} over {name} alone; the iteration ended before its turn"
+                       if over > 0 else f"on the batch it netted {over:+d} over {name} alone, which went first "
+                                        f"and was {then}")
             out.append({"members": members, "operators": operators, "against": sc.get("against"),
                         "passed": bool(sc.get("passed")), **{k: sc[k] for k in ("n", "wins", "losses", "net")
                                                               if k in sc},
