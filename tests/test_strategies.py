@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -1079,6 +1080,87 @@ def test_a_pair_the_batch_put_behind_is_validated_when_both_fail_alone(tmp_path:
         "iteration": 1, "pair": "retry_unparsable + answer_extraction", "screened": "net +3 (3 won, 0 lost of 12)",
         "over the later alone": "net +0 (3 won, 3 lost of 12)", "outcome": "kept",
         "why": row["steps"][2]["verdict"]["reason"]}]
+
+
+class _Killed(BaseException):
+    """The process died (no engine code may catch it)."""
+
+
+class _DiesAfter:
+    """A store that dies right after the first `save_evolution` whose saved cursor `when` accepts:
+    every later call raises `_Killed`, as if the process had been killed there."""
+
+    def __init__(self, store: Any, when: Any) -> None:
+        self._store, self._when, self.dead = store, when, False
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._store, name)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.dead:
+                raise _Killed(name)
+            out = target(*args, **kwargs)
+            if name == "save_evolution" and self._when(args[0].result.get("cursor") or {}):
+                self.dead = True
+                raise _Killed(name)
+            return out
+        return call
+
+
+def _pair_at_step(cur: dict[str, Any], phase: str) -> bool:
+    queue, step = cur.get("queue") or [], cur.get("step", 0)
+    return cur.get("phase") == phase and step < len(queue) and len(queue[step]) == 2
+
+
+PAIR_CRASHES = {
+    "pair screened": lambda cur: any("+" in key for key in cur.get("screen", {})),
+    "later member refused": lambda cur: cur.get("phase") == "rescreen" and len(cur.get("steps", [])) == 2,
+    "pair being validated": lambda cur: _pair_at_step(cur, "validate"),
+    "pair judged, not yet kept": lambda cur: _pair_at_step(cur, "judge"),
+}
+
+
+@pytest.mark.parametrize("point", sorted(PAIR_CRASHES))
+def test_a_pair_killed_at_each_step_resumes_to_the_clean_result(tmp_path: Path, store, point: str,
+                                                                monkeypatch) -> None:
+    """The pair the batch put behind, killed right after each write of its way (its screen, the
+    later member's refusal, its validation under way, its verdict before it is applied) and
+    resumed by a new engine: the same steps, verdicts, record and kept harness as without the kill,
+    and no proposal decided twice."""
+    monkeypatch.setenv("ECDYSIS_LEASE_TTL", "1.0")
+    batch = (("empty", "bare"),) * 3 + (("wrapped", "empty"),) * 3
+
+    def facts(svc: Service, evo_id: str) -> tuple[Any, ...]:
+        done = svc.store.get_evolution(evo_id)
+        row = done.iterations[0]
+        steps = [([c["operator"] for c in st["changes"]], st["kept"], (st["verdict"] or {}).get("wins"),
+                  (st["verdict"] or {}).get("losses")) for st in row["steps"]]
+        decided = [len(svc.store.list_decisions(p.id)) for p in svc.store.list_proposals(diagnosis_id=row["diagnosis_id"])]
+        return (done.status, steps, [(p["operators"], p["outcome"]) for p in row["pairs"]], done.current_version,
+                done.result["test_accuracy"], sorted(set(decided)))
+
+    from storage import open_store
+    apart = open_store(f"sqlite:///{tmp_path / 'clean.db'}")  # nothing of the clean run to reuse
+    try:
+        svc, suite, review = pair_world(tmp_path, apart, "planted-pair-crash", batch=batch)
+        clean = Evolver(svc, reviewer=review)
+        golden = facts(svc, clean.run(clean.create(config(suite, models=["planted-pair-crash"])).id).id)
+    finally:
+        apart.close()
+    assert golden[1][-1][:2] == (["retry_unparsable", "answer_extraction"], True) and golden[-1] == [1], golden
+
+    dying = _DiesAfter(store, PAIR_CRASHES[point])
+    svc, suite, review = pair_world(tmp_path, dying, "planted-pair-crash", batch=batch)  # type: ignore[arg-type]
+    engine = Evolver(svc, reviewer=review)
+    evo = engine.create(config(suite, models=["planted-pair-crash"]))
+    with pytest.raises(_Killed):
+        engine.run(evo.id)
+    time.sleep(1.1)  # the dead engine's lease lapses
+    svc, _, review = pair_world(tmp_path, store, "planted-pair-crash", batch=batch)
+    Evolver(svc, reviewer=review).run(evo.id)
+    assert facts(svc, evo.id) == golden
 
 
 def test_a_pair_the_batch_put_behind_is_on_record_when_not_validated(tmp_path: Path, store) -> None:
