@@ -1137,7 +1137,8 @@ def test_a_pair_killed_at_each_step_resumes_to_the_clean_result(tmp_path: Path, 
         row = done.iterations[0]
         steps = [([c["operator"] for c in st["changes"]], st["kept"], (st["verdict"] or {}).get("wins"),
                   (st["verdict"] or {}).get("losses")) for st in row["steps"]]
-        decided = [len(svc.store.list_decisions(p.id)) for p in svc.store.list_proposals(diagnosis_id=row["diagnosis_id"])]
+        decided = [len(svc.store.list_decisions(p.id))
+                   for p in svc.store.list_proposals(diagnosis_id=row["diagnosis_id"])]
         return (done.status, steps, [(p["operators"], p["outcome"]) for p in row["pairs"]], done.current_version,
                 done.result["test_accuracy"], sorted(set(decided)))
 
