@@ -57,6 +57,12 @@ ROUNDS = (
           "round 17's question dropped; near misses ranked by validation wins"),
     Round("19", "compare_strategies_bbh_round19", "427df88", "(round 18's code on the first mixture)"),
     Round("20", "compare_strategies_bbh_round20", "2fb2927", "(round 18's engine on a second drawn mixture)"),
+    Round("21", "compare_strategies_bbh_round21", "2455ca9",
+          "a pair the batch puts behind is validated once both members fail alone"),
+    Round("22", "compare_strategies_bbh_round22", "2455ca9", "(round 21's code on round 20's seeds)"),
+    Round("23", "compare_strategies_bbh_round23", "2455ca9",
+          "(round 21's seeds and code, the next 60 validation and 100 test instances)"),
+    Round("24", "compare_strategies_bbh_round24", "2455ca9", "(round 21's code on round 19's seeds)"),
 )
 
 
