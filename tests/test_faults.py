@@ -349,11 +349,12 @@ class Killed(BaseException):
 
 
 class DyingStore:
-    """A `Store` that dies right after the `nth` call of `method` commits: every later call,
-    read or write, raises `Killed`, as if the process had received SIGKILL there."""
+    """A `Store` that dies right after the `nth` call of `method` commits (counting only calls
+    whose arguments `when` accepts, if given): every later call, read or write, raises `Killed`,
+    as if the process had received SIGKILL there."""
 
-    def __init__(self, store: Any, method: str, nth: int = 1) -> None:
-        self._store, self._method, self._nth = store, method, nth
+    def __init__(self, store: Any, method: str, nth: int = 1, when: Callable[..., bool] | None = None) -> None:
+        self._store, self._method, self._nth, self._when = store, method, nth, when
         self.dead = False
         self._seen = 0
 
@@ -366,7 +367,7 @@ class DyingStore:
             if self.dead:
                 raise Killed(name)
             out = target(*args, **kwargs)
-            if name == self._method:
+            if name == self._method and (self._when is None or self._when(*args, **kwargs)):
                 self._seen += 1
                 if self._seen == self._nth:
                     self.dead = True

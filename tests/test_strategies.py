@@ -1082,33 +1082,6 @@ def test_a_pair_the_batch_put_behind_is_validated_when_both_fail_alone(tmp_path:
         "why": row["steps"][2]["verdict"]["reason"]}]
 
 
-class _Killed(BaseException):
-    """The process died (no engine code may catch it)."""
-
-
-class _DiesAfter:
-    """A store that dies right after the first `save_evolution` whose saved cursor `when` accepts:
-    every later call raises `_Killed`, as if the process had been killed there."""
-
-    def __init__(self, store: Any, when: Any) -> None:
-        self._store, self._when, self.dead = store, when, False
-
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._store, name)
-        if not callable(target):
-            return target
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if self.dead:
-                raise _Killed(name)
-            out = target(*args, **kwargs)
-            if name == "save_evolution" and self._when(args[0].result.get("cursor") or {}):
-                self.dead = True
-                raise _Killed(name)
-            return out
-        return call
-
-
 def _pair_at_step(cur: dict[str, Any], phase: str) -> bool:
     queue, step = cur.get("queue") or [], cur.get("step", 0)
     return cur.get("phase") == phase and step < len(queue) and len(queue[step]) == 2
@@ -1152,11 +1125,12 @@ def test_a_pair_killed_at_each_step_resumes_to_the_clean_result(tmp_path: Path, 
         apart.close()
     assert golden[1][-1][:2] == (["retry_unparsable", "answer_extraction"], True) and golden[-1] == [1], golden
 
-    dying = _DiesAfter(store, PAIR_CRASHES[point])
+    from tests.test_faults import DyingStore, Killed
+    dying = DyingStore(store, "save_evolution", when=lambda evo: PAIR_CRASHES[point](evo.result.get("cursor") or {}))
     svc, suite, review = pair_world(tmp_path, dying, "planted-pair-crash", batch=batch)  # type: ignore[arg-type]
     engine = Evolver(svc, reviewer=review)
     evo = engine.create(config(suite, models=["planted-pair-crash"]))
-    with pytest.raises(_Killed):
+    with pytest.raises(Killed):
         engine.run(evo.id)
     time.sleep(1.1)  # the dead engine's lease lapses
     svc, _, review = pair_world(tmp_path, store, "planted-pair-crash", batch=batch)
