@@ -57,11 +57,15 @@ def config(args: argparse.Namespace, suite: str, strategy: str, seed: int, roles
                         label=evolution_label(suite, strategy, seed, roles, run_tag(args)))
 
 
+def holdout_part(args: argparse.Namespace) -> str:
+    """`holdoutN` for a held-out window other than the first, else "": added to the labels, so that
+    a run on another window never finds the evolutions or starter runs of this one."""
+    return f"holdout{args.holdout_window}" if args.holdout_window else ""
+
+
 def run_tag(args: argparse.Namespace) -> str:
-    """The labels' tag: `--tag`, and the held-out window when it is not the first, so that a run on
-    another window never finds the evolutions of this one."""
-    window = getattr(args, "holdout_window", 0)
-    return "-".join(part for part in (args.tag, f"holdout{window}" * bool(window)) if part)
+    """The evolutions' tag: `--tag`, and the held-out window (`holdout_part`)."""
+    return "-".join(part for part in (args.tag, holdout_part(args)) if part)
 
 
 def evolution_label(suite: str, strategy: str, seed: int, roles: str, tag: str = "") -> str:
@@ -125,9 +129,8 @@ def base_val(svc: Any, args: argparse.Namespace, suite: str) -> float:
     correct = total = 0
     for model in args.model:
         run = Runner(svc.store, limits=svc.limits()).create(svc.suite(suite), model, starter, split="validation",
-                                                            label=f"bench:{suite}:base-val"
-                                                            + (f":holdout{args.holdout_window}"
-                                                               if args.holdout_window else ""),
+                                                            label=":".join(p for p in (
+                                                                f"bench:{suite}:base-val", holdout_part(args)) if p),
                                                             instances=instances)
         svc.execute_run(run.id, budget=CallBudget())
         results = svc.store.get_results(run.id)
