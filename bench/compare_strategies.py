@@ -17,8 +17,14 @@ Fairness:
 
 Figures, per suite and baseline B:
 - held-out test accuracy per strategy: the mean over seeds, with a 95 % bootstrap interval
-  (test instances resampled within each seed, the seeds kept);
-- test delta (Ecdysis - B) in points: paired on the same test instances, same interval;
+  (test instances resampled within each seed, the seeds kept), and a wider one across seeds
+  (the seeds resampled too, then instances within each): the first says how sure the figure is
+  on these seeds and held-out sets, the second whether it would hold on others;
+- test delta (Ecdysis - B) in points: paired on the same test instances, same two intervals;
+- held-out sets: one window of each split for every seed (`--holdout-window`), or with
+  `--rotate-holdout K` window `seed mod K` for seed `seed`, so that the seeds vary the
+  validation and test instances as well as the train window and the across-seeds interval
+  carries the held-out split's variance;
 - time to target (`ecdysis.compare`, the app's definition too): the calls (and charged model
   seconds) each strategy spent before its validation accuracy first reached B's final validation
   accuracy; speedup = B's / Ecdysis's. A target B never raised above the starter harness makes
@@ -53,19 +59,25 @@ def config(args: argparse.Namespace, suite: str, strategy: str, seed: int, roles
                         batch_size=args.batch_size, val_limit=args.val_limit, test_limit=args.test_limit,
                         auto_approve=True, role_backend=roles, max_rounds=2, concurrency=1,
                         max_model_calls=args.budget, charge_cached=True, seed=seed,
-                        holdout_window=args.holdout_window,
-                        label=evolution_label(suite, strategy, seed, roles, run_tag(args)))
+                        holdout_window=window_of(args, seed),
+                        label=evolution_label(suite, strategy, seed, roles, run_tag(args, window_of(args, seed))))
 
 
-def holdout_part(args: argparse.Namespace) -> str:
+def window_of(args: argparse.Namespace, seed: int) -> int:
+    """The held-out window of a seed: `--holdout-window` for all, or `seed mod --rotate-holdout`."""
+    return seed % args.rotate_holdout if args.rotate_holdout > 1 else args.holdout_window
+
+
+def holdout_part(window: int) -> str:
     """`holdoutN` for a held-out window other than the first, else "": added to the labels, so that
-    a run on another window never finds the evolutions or starter runs of this one."""
-    return f"holdout{args.holdout_window}" if args.holdout_window else ""
+    a run on another window never finds the evolutions or starter runs of this one (and a seed
+    that `--rotate-holdout` puts on the first window finds the same evolution as without it)."""
+    return f"holdout{window}" if window else ""
 
 
-def run_tag(args: argparse.Namespace) -> str:
+def run_tag(args: argparse.Namespace, window: int) -> str:
     """The evolutions' tag: `--tag`, and the held-out window (`holdout_part`)."""
-    return "-".join(part for part in (args.tag, holdout_part(args)) if part)
+    return "-".join(part for part in (args.tag, holdout_part(window)) if part)
 
 
 def evolution_label(suite: str, strategy: str, seed: int, roles: str, tag: str = "") -> str:
@@ -119,18 +131,19 @@ def _run_when_free(evolver: Any, evolution_id: str) -> Any:
     return evolver.run(evolution_id)
 
 
-def base_val(svc: Any, args: argparse.Namespace, suite: str) -> float:
-    """The starter harness's validation accuracy (the curves' starting point), run once."""
+def base_val(svc: Any, args: argparse.Namespace, suite: str, window: int) -> float:
+    """The starter harness's validation accuracy on a held-out window (the curves' starting point
+    for the seeds on it), run once."""
     from ecdysis.budget import CallBudget
     from ecdysis.harness import ensure_starter
     from ecdysis.runner import Runner, pick_instances
-    instances = pick_instances(svc.suite(suite), "validation", args.val_limit, window=args.holdout_window)
+    instances = pick_instances(svc.suite(suite), "validation", args.val_limit, window=window)
     starter = ensure_starter(svc.store)
     correct = total = 0
     for model in args.model:
         run = Runner(svc.store, limits=svc.limits()).create(svc.suite(suite), model, starter, split="validation",
                                                             label=":".join(p for p in (
-                                                                f"bench:{suite}:base-val", holdout_part(args)) if p),
+                                                                f"bench:{suite}:base-val", holdout_part(window)) if p),
                                                             instances=instances)
         svc.execute_run(run.id, budget=CallBudget())
         results = svc.store.get_results(run.id)
@@ -143,16 +156,26 @@ def outcomes(svc: Any, run_ids: Sequence[str]) -> dict[tuple[str, str], float]:
     return {(r.model, r.instance_id): float(r.correct) for rid in run_ids for r in svc.store.get_results(rid)}
 
 
-def bootstrap(per_seed: list[list[float]], rounds: int = 2000, seed: int = 7) -> tuple[float, list[float]]:
-    """Mean over seeds of each seed's mean, and its 95 % interval, resampling values within seeds."""
+def bootstrap(per_seed: list[list[float]], rounds: int = 2000, seed: int = 7, *,
+              seeds_too: bool = False) -> tuple[float, list[float]]:
+    """Mean over seeds of each seed's mean, and its 95 % interval, resampling values within seeds;
+    with `seeds_too`, each round first draws the seeds with replacement (a two-level bootstrap:
+    how far the mean moves on other seeds, held-out windows and instances)."""
     per_seed = [values for values in per_seed if values]
     if not per_seed:
         return 0.0, [0.0, 0.0]
     rng = random.Random(seed)
     mean = sum(sum(v) / len(v) for v in per_seed) / len(per_seed)
-    stats = sorted(sum(sum(rng.choices(v, k=len(v))) / len(v) for v in per_seed) / len(per_seed)
+    stats = sorted(sum(sum(rng.choices(v, k=len(v))) / len(v) for v in
+                       (rng.choices(per_seed, k=len(per_seed)) if seeds_too else per_seed)) / len(per_seed)
                    for _ in range(rounds))
     return round(mean, 4), [round(stats[int(0.025 * rounds)], 4), round(stats[int(0.975 * rounds) - 1], 4)]
+
+
+def intervals(per_seed: list[list[float]]) -> dict[str, Any]:
+    """`{mean, ci95, ci95_seeds}`: the interval on these seeds, and the one across seeds."""
+    m, ci = bootstrap(per_seed)
+    return {"mean": m, "ci95": ci, "ci95_seeds": bootstrap(per_seed, seeds_too=True)[1]}
 
 
 def mean(values: Sequence[float | None]) -> float | None:
@@ -161,18 +184,25 @@ def mean(values: Sequence[float | None]) -> float | None:
 
 
 def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[str, int], Any],
-              start: float) -> dict[str, Any]:
+              starts: dict[int, float]) -> dict[str, Any]:
+    """The figures of one suite and roles; `starts` gives each held-out window's starter
+    validation accuracy."""
     seeds = sorted({s for _, s in evos})
     strategies = sorted({k for k, _ in evos}, key=STRATEGIES.index)
-    out: dict[str, Any] = {"seeds": seeds, "base_val_accuracy": start, "strategies": {}, "comparison": {}}
+    windows = {s: window_of(args, s) for s in seeds}
+    start_of = {s: starts[windows[s]] for s in seeds}
+    out: dict[str, Any] = {"seeds": seeds, "base_val_accuracy": round(sum(start_of.values()) / len(seeds), 4),
+                           "strategies": {}, "comparison": {}}
+    if len(set(windows.values())) > 1:
+        out["holdout_windows"] = {str(s): w for s, w in windows.items()}
+        out["base_val_by_window"] = {str(w): starts[w] for w in sorted(set(windows.values()))}
     tests = {key: outcomes(svc, list(evo.outcome.test_runs)) for key, evo in evos.items()}
-    curves = {key: curve(evo, start) for key, evo in evos.items()}
+    curves = {key: curve(evo, start_of[key[1]]) for key, evo in evos.items()}
     for name in strategies:
         per_seed = [list(tests[(name, s)].values()) for s in seeds if (name, s) in tests]
-        m, ci = bootstrap(per_seed)
         runs = [evos[(name, s)] for s in seeds if (name, s) in evos]
         out["strategies"][name] = {
-            "test_accuracy": {"mean": m, "ci95": ci},
+            "test_accuracy": intervals(per_seed),
             "base_test_accuracy": mean([e.outcome.base_test_accuracy for e in runs]),
             "final_val_accuracy": mean([curves[(name, s)][-1].val_accuracy for s in seeds if (name, s) in curves]),
             "model_calls": mean([e.outcome.spent.calls for e in runs]),
@@ -191,9 +221,8 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
             keys = sorted(set(ours) & set(theirs))
             deltas.append([100 * (ours[k] - theirs[k]) for k in keys])
             if ("ecdysis", s) in curves and (base, s) in curves:
-                ups.append(speedup(curves[(base, s)], curves[("ecdysis", s)], start))
-        m, ci = bootstrap(deltas)
-        out["comparison"][base] = {"test_delta_points": {"mean": m, "ci95": ci},
+                ups.append(speedup(curves[(base, s)], curves[("ecdysis", s)], start_of[s]))
+        out["comparison"][base] = {"test_delta_points": intervals(deltas),
                                    "speedup_calls": mean([u["calls"] for u in ups]),
                                    "speedup_seconds": mean([u["seconds"] for u in ups]),
                                    "per_seed": ups}
@@ -217,7 +246,9 @@ def per_seed_rows(block: dict[str, Any]) -> list[str]:
     per seed show their curve's last point and say "not recorded" for the kept changes."""
     rows = ["| seed | strategy | test accuracy | final validation | calls | model s | kept |",
             "|---:|---|---:|---:|---:|---:|---|"]
+    windows = block.get("holdout_windows", {})
     for seed in block["seeds"]:
+        window = f" (window {windows[str(seed)]})" if str(seed) in windows else ""
         for name, st in block["strategies"].items():
             got = st.get("per_seed", {}).get(str(seed))
             if not got:
@@ -227,7 +258,7 @@ def per_seed_rows(block: dict[str, Any]) -> list[str]:
             said = "not recorded" if kept is None else (", ".join(f"`{k}`" for k in kept) or "nothing")
             test = "—" if got["test_accuracy"] is None else f"{got['test_accuracy']:.3f}"
             calls, seconds = got.get("calls", end["calls"]), got.get("seconds", end["seconds"])
-            rows.append(f"| {seed} | {name} | {test} | {end['val_accuracy']:.3f} | {calls} | {seconds:.0f} | {said} |")
+            rows.append(f"| {seed}{window} | {name} | {test} | {end['val_accuracy']:.3f} | {calls} | {seconds:.0f} | {said} |")
     return rows
 
 
@@ -238,7 +269,9 @@ def markdown(result: dict[str, Any]) -> str:
                                                                           cfg.get("llm_roles_seeds"))
     lines = [f"Models {', '.join(cfg['model'])}; {cfg['iterations']} iterations, batch {cfg['batch_size']}, "
              f"validation {cfg['val_limit']}, test {cfg['test_limit']} "
-             + (f"(window {cfg['holdout_window']} of each split: the instances after the first "
+             + (f"(window `seed mod {cfg['rotate_holdout']}` of each split for each seed: window N is the "
+                f"instances after the first N windows of that size), " if cfg.get("rotate_holdout", 1) > 1
+                else f"(window {cfg['holdout_window']} of each split: the instances after the first "
                 f"{cfg['holdout_window']} windows of that size), " if cfg.get("holdout_window")
                 else "(or the whole split if smaller), ")
              + "budget "
@@ -251,19 +284,26 @@ def markdown(result: dict[str, Any]) -> str:
             tag = (old or {}).get("config", {}).get("tag")
             when = (f"; carried over from the run of {old['measured']}" + (f", tag {tag}" if tag else "")
                     + f", load {old['machine']['load_before']}→{old['machine']['load_after']}" if old else "")
+            by_window = block.get("base_val_by_window")
+            starter = (", ".join(f"{v} on window {w}" for w, v in by_window.items()) if by_window
+                       else block["base_val_accuracy"])
             lines += ["", f"**{suite}**, roles `{roles}`, seeds {', '.join(map(str, block['seeds']))} (starter "
-                          f"harness: validation {block['base_val_accuracy']}{when}):", "",
-                      "| strategy | test accuracy (95 % CI) | final validation | calls | model s | kept changes |",
-                      "|---|---|---|---:|---:|---:|"]
+                          f"harness: validation {starter}{when}):", "",
+                      "| strategy | test accuracy (95 % CI) | across seeds | final validation | calls | model s "
+                      "| kept changes |",
+                      "|---|---|---|---|---:|---:|---:|"]
             for name, st in block["strategies"].items():
                 t = st["test_accuracy"]
-                lines.append(f"| {name} | {t['mean']:.3f} [{t['ci95'][0]:.3f}, {t['ci95'][1]:.3f}] | "
+                wide = f"[{t['ci95_seeds'][0]:.3f}, {t['ci95_seeds'][1]:.3f}]" if "ci95_seeds" in t else "—"
+                lines.append(f"| {name} | {t['mean']:.3f} [{t['ci95'][0]:.3f}, {t['ci95'][1]:.3f}] | {wide} | "
                              f"{st['final_val_accuracy']} | {st['model_calls']} | {st['model_seconds']} | "
                              f"{st['kept_changes']} |")
             for base, cmp in block["comparison"].items():
                 d = cmp["test_delta_points"]
+                wide = (f" (across seeds [{d['ci95_seeds'][0]:+.1f}, {d['ci95_seeds'][1]:+.1f}])"
+                        if "ci95_seeds" in d else "")
                 lines.append(f"\n- vs {base}: test delta **{d['mean']:+.1f} points** "
-                             f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]; speedup to its final validation "
+                             f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]{wide}; speedup to its final validation "
                              f"accuracy **{_x(cmp['speedup_calls'])}** in calls, **{_x(cmp['speedup_seconds'])}** "
                              f"in model seconds" + _why(cmp))
             if len(block["seeds"]) > 1:
@@ -297,7 +337,8 @@ def carried_over(path: Path, rerun: Sequence[str], roles_measured: Sequence[str]
     earlier = json.loads(path.read_text())
     stamp = {"measured": earlier.get("measured"), "machine": earlier.get("machine"),
              "config": {k: earlier.get("config", {}).get(k) for k in
-                        ("model", "iterations", "batch_size", "val_limit", "test_limit", "budget", "tag")}}
+                        ("model", "iterations", "batch_size", "val_limit", "test_limit", "budget", "tag",
+                         "holdout_window", "rotate_holdout")}}
     kept = {suite: {roles: {**block, "carried_over": block.get("carried_over") or stamp}
                     for roles, block in per.items() if suite not in rerun or roles not in roles_measured}
             for suite, per in earlier.get("suites", {}).items()}
@@ -361,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--holdout-window", type=int, default=0,
                         help="which --val-limit and --test-limit window of the validation and test splits: "
                              "0 the first, 1 the next (a second draw of the held-out sets, same train windows)")
+    parser.add_argument("--rotate-holdout", type=int, default=1, metavar="K",
+                        help="K > 1: seed S validates and tests on window S mod K of the held-out splits, so "
+                             "the seeds vary the held-out sets too (with --holdout-window left at 0)")
     parser.add_argument("--budget", type=int, default=900, help="model calls per strategy, roles included")
     parser.add_argument("--llm-roles", default="qwen2.5-coder-1.5b",
                         help="the local role model of the LLM-roles rows ('' to skip them)")
@@ -377,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "fill in each seed's spending, kept changes and stop, for a file written before "
                              "they were recorded)")
     args = parser.parse_args(argv)
+    if args.rotate_holdout > 1 and args.holdout_window:
+        parser.error("--rotate-holdout picks each seed's held-out window; leave --holdout-window at 0")
     from storage import open_store
     if args.rerender:
         store = open_store(home_settings(args.home).database_url) if args.home else None
@@ -397,8 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     measured = ["heuristic"] * bool(args.seeds) + [args.llm_roles] * bool(args.llm_roles and args.llm_roles_seeds)
     kept = carried_over(Path(args.keep_from), args.suite, measured) if args.keep_from else {}
     for suite in args.suite:
-        start = base_val(svc, args, suite)
         first = args.first_seed
+        windows = {window_of(args, s) for s in range(first, first + max(args.seeds, args.llm_roles_seeds))}
+        starts = {w: base_val(svc, args, suite, w) for w in sorted(windows)}
         plans = [("heuristic", list(range(first, first + args.seeds)))]
         if args.llm_roles:
             plans.append((args.llm_roles, list(range(first, first + args.llm_roles_seeds))))
@@ -412,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     # (and `seeds` says which were complete).
                     done = {k: v for k, v in evos.items() if all((n, k[1]) in evos for n in strategies)}
                     if done:
-                        merge(result, suite, roles, summarise(svc, args, suite, done, start))
+                        merge(result, suite, roles, summarise(svc, args, suite, done, starts))
                         for kept_suite, per in kept.items():
                             for kept_roles, block in per.items():
                                 merge(result, kept_suite, kept_roles, block)

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -35,7 +37,7 @@ def test_quick_benchmark_writes_the_documented_figures(tmp_path: Path, monkeypat
     for base in ("per-instance", "self-evolution"):
         cmp = result["comparison"][base]
         assert set(cmp) >= {"speedup_calls", "speedup_seconds", "test_delta_points"}
-        assert set(cmp["test_delta_points"]) == {"mean", "ci95"}
+        assert set(cmp["test_delta_points"]) == {"mean", "ci95", "ci95_seeds"}
     table = (out / "compare_strategies.md").read_text()
     assert "| ecdysis |" in table
     # Per seed: what each evolution kept, in the order its gate passed it, and a row that says so.
@@ -161,3 +163,51 @@ def test_a_second_holdout_window_validates_and_tests_on_other_instances(tmp_path
         runs = [r for r in svc.store.list_runs(limit=1000) if r.split == split]
         assert runs and all(set(r.instance_ids) == second for r in runs), split
         assert not second & first
+
+
+def test_rotated_holdout_windows_give_each_seed_its_own_held_out_sets(tmp_path: Path, monkeypatch) -> None:
+    """`--rotate-holdout 2`: seed S validates and tests on window S mod 2, so seed 1 runs on the
+    second window (its label tagged `holdout1`) and seed 2 on the first (untagged, the evolution
+    a run without rotation makes); each window has its own starter accuracy, and the figures carry
+    an interval across seeds next to the one on these seeds."""
+    from ecdysis.runner import pick_instances
+    from ecdysis.service import Service
+    from ecdysis.suites import load_suite
+    from storage import open_store
+    suite = load_suite("arithmetic")
+    rules = [{"match": i.input, "text": f"Let me think.\nThe answer is {i.target}."} for i in suite.instances]
+    script = tmp_path / "model.json"
+    script.write_text(json.dumps({"rules": rules, "default": "I do not know."}))
+    home, out = tmp_path / "home", tmp_path / "results"
+    monkeypatch.delenv("ECDYSIS_DATABASE_URL", raising=False)
+    argv = ["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}", "--strategy", "ecdysis",
+            "--strategy", "per-instance", "--home", str(home), "--out", str(out)]
+    with pytest.raises(SystemExit):
+        compare_strategies.main([*argv, "--rotate-holdout", "2", "--holdout-window", "1"])
+    assert compare_strategies.main([*argv, "--rotate-holdout", "2"]) == 0
+    result = json.loads((out / "compare_strategies.json").read_text())
+    block = result["suites"]["arithmetic"]["heuristic"]
+    assert block["holdout_windows"] == {"1": 1, "2": 0} and set(block["base_val_by_window"]) == {"0", "1"}
+    for figure in (block["strategies"]["ecdysis"]["test_accuracy"],
+                   block["comparison"]["per-instance"]["test_delta_points"]):
+        assert set(figure) == {"mean", "ci95", "ci95_seeds"}
+    table = (out / "compare_strategies.md").read_text()
+    assert "window `seed mod 2`" in table and "| 1 (window 1) | ecdysis |" in table and "across seeds" in table
+    svc = Service(open_store(compare_strategies.home_settings(str(home)).database_url))
+    evos = {e.config["seed"]: e for e in svc.store.list_evolutions(limit=100) if e.config["strategy"] == "ecdysis"}
+    assert evos[1].config["label"].endswith(":heuristic:holdout1") and evos[2].config["label"].endswith(":heuristic")
+    for seed, window in ((1, 1), (2, 0)):
+        for split in ("validation", "test"):
+            ids = {i.id for i in pick_instances(suite, split, 6, window=window)}
+            runs = [r for r in svc.store.list_runs(limit=1000) if r.split == split
+                    and r.label and r.label.startswith(evos[seed].config["label"] + ":")]
+            assert runs and all(set(r.instance_ids) == ids for r in runs), (seed, split)
+
+
+def test_the_interval_across_seeds_carries_what_differs_between_seeds() -> None:
+    """Seeds that agree within themselves but not with each other: resampling instances within
+    each seed cannot move the mean, resampling the seeds too spans from one to the other."""
+    m, within = compare_strategies.bootstrap([[1.0] * 20, [0.0] * 20, [1.0] * 20, [0.0] * 20])
+    _, across = compare_strategies.bootstrap([[1.0] * 20, [0.0] * 20, [1.0] * 20, [0.0] * 20], seeds_too=True)
+    assert m == 0.5 and within == [0.5, 0.5]
+    assert across[0] <= 0.25 and across[1] >= 0.75
