@@ -6,9 +6,11 @@ budget in model calls, over several seeds (different train windows) and suites.
 
 Fairness:
 - One database, so one response cache, for every strategy and seed: the starter harness's
-  validation and test runs are made once. Every strategy is charged for every call it uses, cached
-  or not (`EvolveConfig.charge_cached`), and for model time by the latency recorded when the call
-  was made, so none rides for free on another's calls.
+  validation and test runs are made once. Every strategy is charged for every request it makes,
+  cached or not (`EvolveConfig.charge_cached`), and for model time by the latency recorded when
+  the call was made, so none rides for free on another's calls; a request it already paid for is
+  free, as its own cache would have answered it (so each pays what it would pay alone on an
+  empty cache).
 - The same budget of model calls (instances, roles, smoke runs, screening, validation); a strategy
   that spends it stops where it stands and its kept version goes to the sealed test
   (`Evolver.seal`). The sealed test is not charged to training.

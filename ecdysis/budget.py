@@ -4,7 +4,10 @@ Two ways to count a cached answer:
 - `charge_cached=False` (the default for users): a cache hit is free, as it costs nothing here.
 - `charge_cached=True` (strategy benchmarks that share one cache): a hit is charged as the call
   it replays, with the latency recorded when it was made, so no strategy rides for free on the
-  calls another one paid for."""
+  calls another one paid for. A hit on a request this budget has already paid for is free: a
+  strategy with a cache of its own would find it there. So each strategy pays what it would pay
+  alone with an empty cache, no more (a change that only reads replies differently re-asks its
+  parent's requests, and pays for none of them)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class CallBudget:
         self.calls = 0
         self.tokens = 0
         self.seconds = 0.0  # model seconds charged: each call's (recorded) latency
+        self._paid: set[str] = set()  # cache keys of the requests charged (charge_cached only)
         self._lock = threading.Lock()
 
     def check(self) -> None:
@@ -53,28 +57,58 @@ class CallBudget:
             self.tokens += tokens
             self.seconds += seconds
 
-    def charge_block(self, calls: int, tokens: int, seconds: float) -> None:
+    def charge_block(self, calls: int, tokens: int, seconds: float, keys: "set[str] | None" = None) -> None:
         """Calls made elsewhere and reused whole (a finished run another strategy of a benchmark
         made), charged as if they were made here one by one: when the call budget runs out inside
         the block, only what fits is charged (tokens and seconds in proportion) and BudgetExceeded
-        is raised, because a run cut off in the middle has no result to use."""
-        self.check()
+        is raised, because a run cut off in the middle has no result to use. `keys`, the requests of
+        a block charged whole, are paid for from then on (`charge_cached`). A block of no calls (all
+        paid for already) costs nothing, so a spent budget does not refuse it."""
+        if calls:
+            self.check()
         with self._lock:
             room = calls if self.max_calls is None else min(calls, self.max_calls - self.calls)
             whole = room == calls
             self.calls += room
             self.tokens += tokens if whole else round(tokens * room / calls)
             self.seconds += seconds if whole else seconds * room / calls
+            if whole and keys and self.charge_cached:
+                self._paid.update(keys)
         if not whole:
             raise BudgetExceeded(f"model-call budget of {self.max_calls} spent: a reused run of {calls} calls "
                                  f"does not fit in the {room} left")
 
-    def charge_completion(self, completion: Completion) -> None:
-        """One call, by this budget's rule for cached answers."""
+    def charge_completion(self, completion: Completion, key: str | None = None) -> None:
+        """One call, by this budget's rule for cached answers; `key` is its request's cache key."""
         if completion.cache_hit and not self.charge_cached:
             return
         latency = completion.recorded_latency_s if completion.cache_hit else completion.latency_s
-        self.charge(1, completion.prompt_tokens + completion.completion_tokens, latency)
+        with self._lock:  # the key and its charge together, so a snapshot never holds one alone
+            if self.charge_cached and key is not None:
+                if completion.cache_hit and key in self._paid:
+                    return
+                self._paid.add(key)
+            self.calls += 1
+            self.tokens += completion.prompt_tokens + completion.completion_tokens
+            self.seconds += latency
+
+    def paid_for(self, key: str) -> bool:
+        """Whether a cached answer to this request would be free (`charge_cached` only: without
+        it every cached answer is)."""
+        with self._lock:
+            return key in self._paid
+
+    def mark_paid(self, keys: "set[str] | list[str]") -> None:
+        """Requests paid for on this budget's account outside `charge_completion`: a reused run it
+        was charged for as a block, or what an earlier process of the same job paid for."""
+        if self.charge_cached:
+            with self._lock:
+                self._paid.update(keys)
+
+    def snapshot(self) -> tuple[int, int, float, list[str]]:
+        """Calls, tokens, model seconds and the paid requests' keys (sorted), read together."""
+        with self._lock:
+            return self.calls, self.tokens, self.seconds, sorted(self._paid)
 
     @property
     def exhausted(self) -> bool:

@@ -196,6 +196,10 @@ class Evolver:
                             deadline=deadline, charge_cached=cfg.charge_cached)
         # Every save writes what was spent so far, so a killed process does not reset the budget.
         self._spent_before, self._budget = spent, budget
+        # What earlier processes paid for, saved with their spending (see `_save`): a request
+        # charged before a restart replays free after it, and one made after the last save, whose
+        # charge was lost with the process, is charged again.
+        budget.mark_paid(evo.result.get("paid_keys", []))
         evo.status = "running"
         for key in ("stopped", "stopped_by"):  # why an earlier attempt stopped is history once this one runs
             evo.result.pop(key, None)
@@ -228,11 +232,17 @@ class Evolver:
 
     def _spent(self) -> dict[str, Any]:
         """Calls, tokens and model seconds this evolution has spent, over every process that ran it."""
+        return self._spending()[0]
+
+    def _spending(self) -> tuple[dict[str, Any], list[str] | None]:
+        """`_spent`, and the keys of the requests it paid for (`charge_cached` only, else None),
+        read together so that a saved evolution never holds a key without its charge."""
         before = {"calls": 0, "tokens": 0, "seconds": 0.0, **getattr(self, "_spent_before", {})}
         budget = getattr(self, "_budget", None)
-        return {"calls": before["calls"] + (budget.calls if budget else 0),
-                "tokens": before["tokens"] + (budget.tokens if budget else 0),
-                "seconds": round(before["seconds"] + (budget.seconds if budget else 0.0), 3)}
+        calls, tokens, seconds, keys = budget.snapshot() if budget else (0, 0, 0.0, [])
+        return ({"calls": before["calls"] + calls, "tokens": before["tokens"] + tokens,
+                 "seconds": round(before["seconds"] + seconds, 3)},
+                keys if budget is not None and budget.charge_cached else None)
 
     # ------------------------------------------------------------ the phases
 
@@ -403,10 +413,12 @@ class Evolver:
                       or (self._find_run(version.id, model, iids, label=label) if owner else None))
             if run_id is not None and run_id not in paid and budget.charge_cached:
                 # A finished run made by someone else (another strategy of a benchmark sharing this
-                # database): its calls are charged as if this evolution had made them, and where
-                # the budget could not have paid for all of them, it stops here as it would have
-                # stopped in the middle of that run, without its result.
-                budget.charge_block(*self._recorded_cost(run_id))
+                # database): its calls are charged as if this evolution had made them (those it
+                # had not already paid for), and where the budget could not have paid for all of
+                # them, it stops here as it would have stopped in the middle of that run, without
+                # its result.
+                cost, keys = self._unpaid_cost(run_id, budget)
+                budget.charge_block(*cost, keys=keys)
             if run_id is not None and run_id not in paid:
                 paid.append(run_id)
             if run_id is None:
@@ -433,24 +445,30 @@ class Evolver:
         evo = getattr(self, "_current", None)
         return evo.result.setdefault("paid_runs", []) if evo is not None else []
 
-    def _recorded_cost(self, run_id: str) -> tuple[int, int, float]:
-        """Calls, tokens and model seconds a stored run's answers cost when they were made: a
-        cached call at the latency recorded in the cache."""
+    def _unpaid_cost(self, run_id: str, budget: CallBudget,
+                     also: set[str] | None = None) -> tuple[tuple[int, int, float], set[str]]:
+        """Calls, tokens and model seconds a stored run's answers cost when they were made (a
+        cached call at the latency recorded in the cache), leaving out the requests this budget
+        already paid for (and those in `also`) and counting a request the run repeats once; and the
+        keys of the requests counted."""
         calls = tokens = 0
         seconds = 0.0
+        keys: set[str] = set()
         for result in self.store.get_results(run_id):
             for call in result.calls:
-                if call.error:
+                key = _call_key(call)
+                if call.error or key in keys or budget.paid_for(key) or (also is not None and key in also):
                     continue
+                keys.add(key)
                 calls += 1
                 tokens += call.prompt_tokens + call.completion_tokens
                 if call.cache_hit:
-                    blob = json.dumps({"model": call.model, **call.request}, sort_keys=True, ensure_ascii=False)
-                    hit = self.store.cache_get(hashlib.sha256(blob.encode()).hexdigest())
+                    hit = self.store.cache_get(key)
                     seconds += hit.latency_s if hit is not None else 0.0
                 else:
                     seconds += call.latency_s
-        return calls, tokens, seconds
+        return (calls, tokens, seconds), keys
+
 
     def _find_run(self, version_id: str, model: str, instance_ids: list[str], *,
                   label: str | None = None) -> str | None:
@@ -943,8 +961,13 @@ class Evolver:
             measured_rate = self._measured_rate(candidate.id)
         cand_rate = measured_rate if measured_rate is not None else rate * _samples(candidate.files) / _samples(parent.files)
         val = [i.id for i in self._val_instances(evo, cfg, "validation", cfg.val_limit)]
-        need = (self._runs_cost(parent, val, rate, cfg, budget) + self._runs_cost(candidate, val, cand_rate, cfg, budget))
-        screen = self._runs_cost(candidate, [i.id for i in screening], cand_rate, cfg, budget) if screening else 0.0
+        # In the order they would be paid for, so a request one borrowed run repeats from an earlier
+        # one (a candidate re-asking its parent's) is counted once.
+        ahead: set[str] = set()
+        screen = (self._runs_cost(candidate, [i.id for i in screening], cand_rate, cfg, budget, ahead)
+                  if screening else 0.0)
+        need = (self._runs_cost(parent, val, rate, cfg, budget, ahead)
+                + self._runs_cost(candidate, val, cand_rate, cfg, budget, ahead))
         left = budget.max_calls - budget.calls
         if need + screen <= left:
             return None
@@ -1022,14 +1045,22 @@ class Evolver:
                                     for r in self.store.get_results(run.id)])
 
     def _runs_cost(self, version: HarnessVersion, iids: list[str], rate: float, cfg: EvolveConfig,
-                   budget: CallBudget) -> float:
+                   budget: CallBudget, ahead: set[str] | None = None) -> float:
+        """The calls one run per model of `version` on these instances would charge: none for a run
+        this evolution paid for, the requests not yet paid for (nor in `ahead`, the requests of runs
+        estimated before it, which it extends) of a finished run it would borrow, else the instances
+        at `rate` calls each."""
         paid, need = self._paid_runs(), 0.0
         for model in cfg.models:
             found = self._find_run(version.id, model, iids)
             if found in paid:
                 continue
             if found is not None:
-                need += self._recorded_cost(found)[0] if budget.charge_cached else 0
+                if budget.charge_cached:
+                    (calls, _, _), keys = self._unpaid_cost(found, budget, ahead)
+                    need += calls
+                    if ahead is not None:
+                        ahead |= keys
             else:
                 need += len(iids) * rate
         return need
@@ -1285,7 +1316,9 @@ class Evolver:
     def _save(self, evo: EvolutionRecord) -> None:
         evo.updated_at = time.time()
         if getattr(self, "_budget", None) is not None:
-            evo.result["spent"] = self._spent()
+            evo.result["spent"], keys = self._spending()
+            if keys is not None:
+                evo.result["paid_keys"] = keys
         self.store.save_evolution(evo)
         self._current = evo
 
@@ -1293,6 +1326,12 @@ class Evolver:
         evo = getattr(self, "_current", None)
         if evo is not None and evo.result.get("cursor") is cur:
             self._save(evo)
+
+
+def _call_key(call: Any) -> str:
+    """The cache key of a recorded call's request (`CompletionRequest.cache_key`)."""
+    blob = json.dumps({"model": call.model, **call.request}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _newly_read(operator: str | None, own: list[Instance], models: list[str], parent: dict[PairKey, Any],

@@ -169,12 +169,45 @@ def test_a_budget_that_charges_cached_calls_refuses_a_cached_one_it_cannot_pay(s
     free = CallBudget(max_calls=1)
     free.charge(1, 0)
     assert ModelGateway(backend, store, budget=free).complete(request).cache_hit  # free hits need no budget
+    others = [CompletionRequest.make([{"role": "user", "content": text}]) for text in ("False or True", "not True")]
+    for other in others:
+        ModelGateway(backend, store).complete(other)
     paid = CallBudget(max_calls=2, charge_cached=True)
     gateway = ModelGateway(backend, store, budget=paid)
-    assert gateway.complete(request).cache_hit and gateway.complete(request).cache_hit
+    assert gateway.complete(request).cache_hit and gateway.complete(others[0]).cache_hit
     with pytest.raises(BudgetExceeded):
-        gateway.complete(request)
-    assert paid.calls == 2 and len(backend.history) == 1
+        gateway.complete(others[1])
+    assert paid.calls == 2 and len(backend.history) == 3
+
+
+def test_a_request_a_budget_already_paid_for_replays_free(store) -> None:
+    """A benchmark charges a cached answer once per job, as the job's own cache would have made it
+    once: asking the same request again costs nothing, even on a spent budget, while another
+    request is charged (and refused once nothing is left). Without the cache a repeat is a real
+    call, and charged again."""
+    from ecdysis.errors import BudgetExceeded
+    from ecdysis.models.gateway import ModelGateway
+    from ecdysis.records import CompletionRequest
+    backend = scripted()
+    asked = CompletionRequest.make([{"role": "user", "content": "True and True"}])
+    other = CompletionRequest.make([{"role": "user", "content": "not False"}])
+    ModelGateway(backend, store).complete(other)  # someone else's, cached
+    budget = CallBudget(max_calls=1, charge_cached=True)
+    gateway = ModelGateway(backend, store, budget=budget)
+    assert not gateway.complete(asked).cache_hit  # made and paid for here
+    for _ in range(3):
+        assert gateway.complete(asked).cache_hit
+    assert (budget.calls, budget.exhausted, budget.paid_for(asked.cache_key(backend.model_id))) == (1, True, True)
+    with pytest.raises(BudgetExceeded):
+        gateway.complete(other)  # cached, but not paid for by this budget
+    uncached = CallBudget(charge_cached=True)
+    bare = ModelGateway(backend, store, use_cache=False, budget=uncached)
+    bare.complete(asked)
+    bare.complete(asked)
+    assert uncached.calls == 2 and len(backend.history) == 4
+    restarted = CallBudget(max_calls=0, charge_cached=True)
+    restarted.mark_paid(budget.snapshot()[3])
+    assert ModelGateway(backend, store, budget=restarted).complete(asked).cache_hit and restarted.calls == 0
 
 
 def test_a_reused_block_of_calls_is_charged_only_as_far_as_the_budget_reaches() -> None:

@@ -112,7 +112,9 @@ _planted_once = solve
 
 
 def solve(task, model, harness):
-    _planted_once(task, model, harness)  # a first answer, thrown away: a second call per instance
+    # A first answer to the question put another way, thrown away: a second call per instance
+    # (the same request again would be a cache hit, which a benchmark charges once).
+    _planted_once(dict(task, input=task["input"] + " Think first."), model, harness)
     return _planted_once(task, model, harness)
 """
 
@@ -137,13 +139,14 @@ def test_calls_a_change_makes_in_its_own_code_are_counted_before_screening_it(wo
     before_screen = sum(n for phase, n in done.rows[0].calls_by_phase.items() if phase in ("train", "diagnose"))
     second = Evolver(svc, reviewer=twice)
     evo = second.run(second.create(config(suite, seed=2, label="seed 2", charge_cached=True,
-                                          max_model_calls=before_screen + 54)).id)
+                                          max_model_calls=before_screen + 42)).id)
     row = evo.rows[0]
     fate = {h.operator: h for h in row.history}
     # Screening its 12 instances (another order: no stored run) at 2 calls, then the validation
-    # runs of the first evolution, charged at their recorded 12 + 24 calls: 60 > 54.
+    # runs of the first evolution, charged at their recorded 12 + 24 calls less the 12 the
+    # candidate's repeat of the parent's: 48 > 42 (at one call an instance, 36 would have fitted).
     assert fate["answer_extraction"].outcome == "not_validated", row.history
-    assert "not screened: screening (24) and validation (36) would need about 60" in fate["answer_extraction"].why
+    assert "not screened: screening (24) and validation (24) would need about 48" in fate["answer_extraction"].why
     assert "2.00 calls each for the candidate" in fate["answer_extraction"].why
     assert not row.calls_by_phase.get("screen"), row.calls_by_phase
 
@@ -167,6 +170,83 @@ def test_a_change_that_adds_calls_must_pay_for_them(world) -> None:
     kept = changes(evo.iterations[0])["answer_extraction"]
     assert kept["measured"]["kept"] and kept["screened"]["extra_calls"] == pytest.approx(2.0)
     assert kept["measured"]["candidate_calls"] == pytest.approx(3.0)
+
+
+def _alone(tmp_path: Path, suite: str, name: str) -> tuple[int, int]:
+    """What the planted evolution spends alone in an empty database, where every repeated request
+    is a free cache hit (`charge_cached` off): the calls it would pay for with a cache of its own.
+    Also how many calls reached the model in training (the sealed test apart)."""
+    from storage import open_store
+    apart = open_store(f"sqlite:///{tmp_path / f'{name}.db'}")
+    try:
+        svc = Service(apart)
+        subject = svc.backend(MODEL)
+        made = len(subject.history)
+        evolver = Evolver(svc, reviewer=plant_bad(svc))
+        evo = evolver.run(evolver.create(config(suite)).id)
+        return evo.result["spent"]["calls"], len(subject.history) - made - evo.result["test_spent"]["calls"]
+    finally:
+        apart.close()
+
+
+def test_a_benchmark_charges_each_request_once_as_a_cache_of_its_own_would(world, tmp_path: Path) -> None:
+    """Charging cached answers (benchmarks sharing one cache) must not charge more than the
+    evolution would pay alone: there, the extraction repair's screen and validation re-ask requests
+    its parent already made, and its own cache answers them free. So an evolution charges each
+    request once, whether it made it, found it in the shared cache, or reused a whole run another
+    evolution made."""
+    svc, suite, _ = world
+    alone, made = _alone(tmp_path, suite, "alone")
+    assert alone == made
+    first = Evolver(svc, reviewer=plant_bad(svc))
+    one = first.run(first.create(config(suite, label="first", charge_cached=True)).id)
+    second = Evolver(svc, reviewer=plant_bad(svc))
+    two = second.run(second.create(config(suite, label="second", charge_cached=True)).id)
+    assert one.current_version == two.current_version != one.base_version
+    assert one.result["spent"]["calls"] == two.result["spent"]["calls"] == alone
+    recorded = [c for rid in one.result["paid_runs"] for r in svc.store.get_results(rid) for c in r.calls]
+    assert len(recorded) > alone  # the repeats were asked, and paid for once
+    assert len(one.result["paid_keys"]) == alone
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5, 0.75])
+def test_a_request_paid_for_before_a_kill_is_not_charged_again_after_it(world, tmp_path: Path, store, share,
+                                                                         monkeypatch) -> None:
+    """Killed right after one of its saves and resumed by a new engine, the evolution knows what
+    it had paid for (saved with its spending): the resumed process replays those requests free,
+    and the total is what it pays alone, not a second charge for everything asked twice."""
+    monkeypatch.setenv("ECDYSIS_LEASE_TTL", "1.0")
+    svc, suite, _ = world
+    alone, _ = _alone(tmp_path, suite, "alone")
+    counting = _CountingStore(store)
+    probe = Evolver(Service(counting), reviewer=plant_bad(svc))  # type: ignore[arg-type]
+    probe.run(probe.create(config(suite, label="probe", charge_cached=True)).id)
+    from tests.test_faults import DyingStore, Killed
+    dying = DyingStore(store, "save_evolution", nth=max(2, int(counting.saves * share)))
+    engine = Evolver(Service(dying), reviewer=plant_bad(svc))  # type: ignore[arg-type]
+    evo = engine.create(config(suite, label="killed", charge_cached=True))
+    with pytest.raises(Killed):
+        engine.run(evo.id)
+    time.sleep(1.1)  # the dead engine's lease lapses
+    done = Evolver(svc, reviewer=plant_bad(svc)).run(evo.id)
+    assert done.status == "done" and done.result["spent"]["calls"] == alone
+
+
+class _CountingStore:
+    """A store that counts the evolution's saves (where a kill can land)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store, self.saves = store, 0
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._store, name)
+        if name != "save_evolution":
+            return target
+
+        def save(*args: Any, **kwargs: Any) -> Any:
+            self.saves += 1
+            return target(*args, **kwargs)
+        return save
 
 
 def test_every_call_is_charged_and_counted_per_phase(world) -> None:
@@ -380,11 +460,14 @@ def test_the_first_iteration_stops_once_its_first_diagnosis_shows_the_rest_canno
     """Before any iteration has finished there is no earlier diagnosis to cost the others by, and a
     first iteration used to diagnose every failing instance whatever the budget. Once its first
     diagnosis is made, that diagnosis's calls cost the rest: with the batch, one diagnosis and one
-    validation paid for and no more, it stops before the second diagnosis."""
+    validation paid for and no more, it stops before the second diagnosis. (Its roles are a model
+    whose replies are unusable, asked per instance: with heuristic roles a diagnosis's smoke calls can
+    all repeat requests the evolution has paid for, and cost nothing.)"""
     svc, suite, _ = world
+    register_backend(ScriptedBackend([], model_id="planted-roles-first", default="not json"))
     first = Evolver(svc)
     one = first.run(first.create(config(suite, strategy="self-evolution", auto_approve=True, label="one",
-                                        charge_cached=True)).id)
+                                        charge_cached=True, role_backend="planted-roles-first")).id)
     row = one.iterations[0]
     failing = len(row["diagnosis_ids"])
     assert failing > 1 and row["calls_by_phase"]["diagnose"] > 0, row
@@ -392,7 +475,8 @@ def test_the_first_iteration_stops_once_its_first_diagnosis_shows_the_rest_canno
     budget = 12 + 24 + math.ceil(row["calls_by_phase"]["diagnose"] / failing)
     evolver = Evolver(svc)
     evo = evolver.run(evolver.create(config(suite, strategy="self-evolution", auto_approve=True,
-                                            max_model_calls=budget, charge_cached=True)).id)
+                                            max_model_calls=budget, charge_cached=True,
+                                            role_backend="planted-roles-first")).id)
     assert evo.status == "stopped" and evo.result["stopped_by"] == "calls", evo.result
     cur = evo.result["cursor"]
     [made] = cur["diagnosis_calls"]
@@ -471,14 +555,22 @@ def test_changes_kept_before_the_budget_ran_out_are_on_the_curve(tmp_path: Path,
     full = Evolver(svc, reviewer=review)
     done = full.run(full.create(config(suite, models=["planted-complement"], label="full", charge_cached=True)).id)
     # A token budget, which no phase estimates ahead (a call budget would not start the second
-    # validation at all), runs out in the middle of the second change's validation.
+    # validation at all), runs out in the middle of the second change's validation: the first
+    # change's validation ends at 37 of the 49 calls. In a database of its own, so that every call
+    # is made, and checked against the budget, one at a time (a run reused whole is charged whole).
+    assert [st["spent"]["calls"] for st in done.iterations[0]["steps"]] == [37, 49]
     spent = done.iterations[0]["tokens"]
-    svc2 = Service(store)
-    evolver = Evolver(svc2, reviewer=review)
-    evo = evolver.run(evolver.create(config(suite, models=["planted-complement"], max_tokens=spent * 3 // 4,
-                                            label="short", charge_cached=True)).id)
-    assert evo.status == "stopped" and evo.current_version != evo.base_version, evo.result
-    sealed = evolver.seal(evo.id)
+    from storage import open_store
+    apart = open_store(f"sqlite:///{tmp_path / 'short.db'}")
+    try:
+        svc2, _, review2 = complement_world(tmp_path, apart)
+        evolver = Evolver(svc2, reviewer=review2)
+        evo = evolver.run(evolver.create(config(suite, models=["planted-complement"], max_tokens=spent * 9 // 10,
+                                                label="short", charge_cached=True)).id)
+        assert evo.status == "stopped" and evo.current_version != evo.base_version, evo.result
+        sealed = evolver.seal(evo.id)
+    finally:
+        apart.close()
     row = sealed.iterations[-1]
     assert row["partial"] and row["kept"] == 1 and row["val_accuracy"] > 0
     points = curve(sealed, 0.0)
@@ -571,21 +663,28 @@ def test_a_run_borrowed_from_another_strategy_never_takes_an_evolution_past_its_
     in full. When the budget cannot pay for all of it, the evolution stops there, as it would have
     stopped in the middle of making that run itself, and the change that run would have validated
     is not kept (before, a borrowed validation of 240 calls at 588 spent of 800 was charged whole
-    and its change kept)."""
+    and its change kept). The change kept asks each instance a question of its own before the
+    parent's (`TWICE`): a change that only re-asks its parent's requests costs no new calls."""
     svc, suite, _ = world
-    full = Evolver(svc, reviewer=plant_bad(svc))
+
+    def twice(proposal):
+        if proposal.spec.get("operator") != "answer_extraction":
+            return "reject", "not this one", None
+        return "edit", "answer twice", {**proposal.files, "harness.py": proposal.files["harness.py"] + TWICE}
+
+    full = Evolver(svc, reviewer=twice)
     done = full.run(full.create(config(suite, label="first", charge_cached=True)).id)
     spent = done.result["spent"]["calls"]
     at_verdict = done.rows[0].steps[0].spent.calls  # what it had spent when its gate said yes
     assert done.current_version != done.base_version and at_verdict > 12
-    tight = Evolver(Service(svc.store), reviewer=plant_bad(svc))
+    tight = Evolver(Service(svc.store), reviewer=twice)
     short = config(suite, label="second", charge_cached=True, max_model_calls=at_verdict - 5)
     evo = tight.run(tight.create(short).id)
     # The borrowed validation runs' recorded calls do not fit: the validation is not started.
     assert evo.result["spent"]["calls"] <= at_verdict - 5, evo.result["spent"]
     assert evo.current_version == evo.base_version  # its validation did not fit: nothing kept
     assert "not_validated" in {h.outcome for h in evo.rows[0].history}, evo.rows[0].history
-    roomy = Evolver(Service(svc.store), reviewer=plant_bad(svc))
+    roomy = Evolver(Service(svc.store), reviewer=twice)
     same = roomy.run(roomy.create(config(suite, label="third", charge_cached=True, max_model_calls=spent)).id)
     assert same.status == "done" and same.result["spent"]["calls"] == spent
     assert same.current_version == done.current_version
@@ -823,7 +922,8 @@ def test_of_changes_the_batch_cannot_tell_apart_the_cheapest_is_validated_first(
 
 def test_a_validation_the_budget_cannot_finish_is_not_started(world) -> None:
     """The extraction repair with 3-sample voting screens well, but validating it (12 instances at
-    3 calls, and the parent's 12) does not fit in what is left: it is recorded as not validated,
+    3 calls, one of them the parent's request, and the parent's 12) does not fit in what is left:
+    it is recorded as not validated,
     with the arithmetic, and the evolution ends its iteration with the rest of the budget unspent
     instead of running out in the middle of a validation that could decide nothing."""
     svc, suite, _ = world
@@ -832,16 +932,18 @@ def test_a_validation_the_budget_cannot_finish_is_not_started(world) -> None:
     # Every call charged, cached or not (a benchmark's rule), so both evolutions count alike.
     free = Evolver(svc, reviewer=voting)
     unlimited = free.run(free.create(config(suite, label="unlimited", charge_cached=True)).id)
-    at_screen = unlimited.rows[0].steps[0].spent.calls - 48  # what it had spent before validating
-    budget = at_screen + 30  # the validation needs 12 + 36
+    # The validation needs 12 + 24: each instance's first sample is the parent's request, paid for.
+    assert unlimited.rows[0].calls_by_phase["validate"] == 36, unlimited.rows[0].calls_by_phase
+    at_screen = unlimited.rows[0].steps[0].spent.calls - 36  # what it had spent before validating
+    budget = at_screen + 30
     tight = Evolver(svc, reviewer=voting)
     evo = tight.run(tight.create(config(suite, label="tight", max_model_calls=budget, charge_cached=True)).id)
     assert evo.status == "done" and len(evo.rows) == 1, (evo.status, evo.result.get("abandoned"))
     row = evo.rows[0]
     fate = {h.operator: h for h in row.history}
     assert fate["answer_extraction"].outcome == "not_validated", row.history
-    # Set aside before its screening: screening (12 at 3 calls) and validation would need 84, 66 are left.
-    assert "not screened: screening (36) and validation (48) would need about 84" in fate["answer_extraction"].why
+    # Set aside before its screening: screening (12 at 2 new calls) and validation would need 60.
+    assert "not screened: screening (24) and validation (36) would need about 60" in fate["answer_extraction"].why
     assert row.gate.startswith("not validated: not screened")
     assert not row.calls_by_phase.get("screen") and not row.calls_by_phase.get("validate"), row.calls_by_phase
     assert evo.result["spent"]["calls"] < budget - 30 and evo.current_version == evo.base_version
@@ -849,12 +951,12 @@ def test_a_validation_the_budget_cannot_finish_is_not_started(world) -> None:
     # The per-instance search screens nothing: its validation is the one set aside.
     alone = Evolver(svc, reviewer=voting)
     free = alone.run(alone.create(config(suite, strategy="per-instance", label="pi", charge_cached=True)).id)
-    before_val = free.rows[0].steps[0].spent.calls - 48
+    before_val = free.rows[0].steps[0].spent.calls - 36
     short = Evolver(svc, reviewer=voting)
     evo = short.run(short.create(config(suite, strategy="per-instance", label="pi tight", charge_cached=True,
                                         max_model_calls=before_val + 30)).id)
     row = evo.rows[0]
-    assert row.gate.startswith("not validated: its validation (48) would need about 48 model calls"), row.gate
+    assert row.gate.startswith("not validated: its validation (36) would need about 36 model calls"), row.gate
     assert not row.calls_by_phase.get("validate") and evo.result["spent"]["calls"] == before_val
     assert evo.current_version == evo.base_version
     # Set aside, not rolled back: the version keeps the status the evolution that judged it gave it.
@@ -916,9 +1018,10 @@ def test_the_engines_pick_is_screened_beside_the_role_models_and_kept_when_it_al
 
 def test_the_critic_buys_no_evidence_for_a_costlier_change_the_budget_could_not_validate(world) -> None:
     """A role model names 5-sample voting for every cluster. Without a limit, the Critic's smoke runs
-    and headroom probes of voting cost 139 calls of the diagnosis (voting recovers nothing and is
-    refused), and answer extraction is kept. With 150 calls in all, that diagnosis left too little:
-    the evolution kept nothing. Now the Critic first asks whether screening and validating voting
+    and headroom probes of voting cost 41 calls of the diagnosis (139 when a request asked again was
+    charged again; voting recovers nothing and is refused), and answer extraction is kept. With 150
+    calls in all, that diagnosis once left too little: the evolution kept nothing. Now the Critic
+    first asks whether screening and validating voting
     would fit in what is left, refuses it on that ground without running it, and the roles' next
     repairs are screened and validated within the budget."""
     svc, suite, _ = world
@@ -926,7 +1029,7 @@ def test_the_critic_buys_no_evidence_for_a_costlier_change_the_budget_could_not_
     free = Evolver(svc)
     unlimited = free.run(free.create(config(suite, role_backend="habit-vote", auto_approve=True, charge_cached=True,
                                             label="free")).id)
-    assert unlimited.iterations[0]["calls_by_phase"]["diagnose"] == 139, unlimited.iterations[0]["calls_by_phase"]
+    assert unlimited.iterations[0]["calls_by_phase"]["diagnose"] == 41, unlimited.iterations[0]["calls_by_phase"]
 
     tight = Evolver(svc)
     evo = tight.run(tight.create(config(suite, role_backend="habit-vote", auto_approve=True, charge_cached=True,

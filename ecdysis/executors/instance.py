@@ -158,8 +158,9 @@ class InstanceRunner:
             try:
                 if len(calls) >= MAX_CALLS_PER_SOLVE:
                     raise ModelError(CALL_LIMIT_MESSAGE, kind="call_limit")
-                if budget is not None:
-                    budget.check()
+                key = request.cache_key(gateway.model_id)
+                if budget is not None and not (gateway.use_cache and budget.paid_for(key)):
+                    budget.check()  # a request it paid for before replays free from the cache
                 completion = gateway.complete(request)
             except (ModelError, BudgetExceeded) as exc:
                 model_errors.append(str(exc))
@@ -168,7 +169,7 @@ class InstanceRunner:
                                        finish_reason="error", cache_hit=False, error=str(exc)))
                 return {"op": "model_error", "message": str(exc)}
             if budget is not None:
-                budget.charge_completion(completion)
+                budget.charge_completion(completion, key)
             calls.append(ModelCall(seq=len(calls), model=gateway.model_id, request=request.to_json(),
                                    text=completion.text, prompt_tokens=completion.prompt_tokens,
                                    completion_tokens=completion.completion_tokens,

@@ -45,12 +45,12 @@ class ModelGateway:
             start = time.perf_counter()
             hit = self.store.cache_get(key)  # type: ignore[union-attr]
             if hit is not None:
-                if self.budget is not None and self.budget.charge_cached:
+                if self.budget is not None and self.budget.charge_cached and not self.budget.paid_for(key):
                     self.budget.check()  # a hit it charges is a call it must be able to pay for
                 hit.cache_hit = True
                 hit.recorded_latency_s = hit.latency_s
                 hit.latency_s = time.perf_counter() - start
-                self._charge(hit)
+                self._charge(hit, key)
                 return hit
         if self.budget is not None:
             self.budget.check()
@@ -60,12 +60,12 @@ class ModelGateway:
         completion.recorded_latency_s = completion.latency_s
         if self.use_cache:
             self.store.cache_put(key, self.backend.model_id, request.to_json(), completion)  # type: ignore[union-attr]
-        self._charge(completion)
+        self._charge(completion, key)
         return completion
 
-    def _charge(self, completion: Completion) -> None:
+    def _charge(self, completion: Completion, key: str) -> None:
         if self.budget is not None:
-            self.budget.charge_completion(completion)
+            self.budget.charge_completion(completion, key)
 
 
 # The most model calls one solve() may make: a harness that loops (a wrapper applied twice that
