@@ -38,6 +38,11 @@ def test_the_table_of_strategy_rounds_is_what_the_results_files_say(tmp_path: Pa
     assert "| 34–45 |" in line and "`b11fa19`" in line
     missing = strategy_rounds.Round("99", "no_such_results", "0000000", "nothing")
     assert strategy_rounds.row(missing) is None  # a round not yet run has no row
+    # From round 25 a delta also has an interval across seeds: bold only when both exclude no gain.
+    for across, bold in (([-0.5, 2.5], False), ([0.1, 2.5], True)):
+        cmp = {"per-instance": {"test_delta_points": {"mean": 1.0, "ci95": [0.2, 1.8], "ci95_seeds": across}}}
+        text = f"+1.0 [+0.2, +1.8]; across seeds [{across[0]:+.1f}, +2.5]"
+        assert strategy_rounds._delta(cmp, "per-instance") == (f"**{text}**" if bold else text)
 
 
 def msg(role: str, kind: str, backend: str = "llm:m", round: int = 1) -> dict[str, object]:
