@@ -65,6 +65,9 @@ ROUNDS = (
     Round("24", "compare_strategies_bbh_round24", "2455ca9", "(round 21's code on round 19's seeds)"),
     Round("25", "compare_strategies_bbh_round25", "f7b0d39",
           "(round 21's engine; held-out window seed mod 2, 58–63 are rounds 21 and 23's evolutions)"),
+    Round("26", "compare_strategies_bbh_round26", "dc45e72",
+          "each request charged once per evolution, as a cache of its own would (round 25's seeds and windows)"),
+    Round("27", "compare_strategies_bbh_round27", "dc45e72", "(round 26's code on rounds 19 and 24's seeds)"),
 )
 
 
