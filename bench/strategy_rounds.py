@@ -68,6 +68,8 @@ ROUNDS = (
     Round("26", "compare_strategies_bbh_round26", "dc45e72",
           "each request charged once per evolution, as a cache of its own would (round 25's seeds and windows)"),
     Round("27", "compare_strategies_bbh_round27", "dc45e72", "(round 26's code on rounds 19 and 24's seeds)"),
+    Round("28", "compare_strategies_bbh_round28", "dc45e72",
+          "(round 26 again on seeds no run had used, planned before it ran)"),
 )
 
 
