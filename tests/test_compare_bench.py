@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,20 +135,27 @@ def test_the_proposer_picks_benchmark_reads_the_cases_a_strategy_run_left(tmp_pa
     assert proposer_picks.main(["--home", str(home), "--tag", "no-such-tag", "--out", str(out)]) == 2
 
 
+def wrapped_answers(tmp_path: Path, monkeypatch) -> tuple[Any, Path, Path, Path]:
+    """The arithmetic suite, a scripted model that answers every question right but wrapped in a
+    sentence, and a data folder and results folder for the benchmark (no database URL from the
+    environment)."""
+    from ecdysis.suites import load_suite
+    suite = load_suite("arithmetic")
+    rules = [{"match": i.input, "text": f"Let me think.\nThe answer is {i.target}."} for i in suite.instances]
+    script = tmp_path / "model.json"
+    script.write_text(json.dumps({"rules": rules, "default": "I do not know."}))
+    monkeypatch.delenv("ECDYSIS_DATABASE_URL", raising=False)
+    return suite, script, tmp_path / "home", tmp_path / "results"
+
+
 def test_a_second_holdout_window_validates_and_tests_on_other_instances(tmp_path: Path, monkeypatch) -> None:
     """`--holdout-window 1`: the same train windows, the next as many validation and test
     instances. Its evolutions are its own (labels tagged `holdout1`), and their validation and
     sealed test runs hold exactly the second window of each split, none of the first."""
     from ecdysis.runner import pick_instances
     from ecdysis.service import Service
-    from ecdysis.suites import load_suite
     from storage import open_store
-    suite = load_suite("arithmetic")
-    rules = [{"match": i.input, "text": f"Let me think.\nThe answer is {i.target}."} for i in suite.instances]
-    script = tmp_path / "model.json"
-    script.write_text(json.dumps({"rules": rules, "default": "I do not know."}))
-    home, out = tmp_path / "home", tmp_path / "results"
-    monkeypatch.delenv("ECDYSIS_DATABASE_URL", raising=False)
+    suite, script, home, out = wrapped_answers(tmp_path, monkeypatch)
     assert compare_strategies.main(["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}",
                                     "--strategy", "ecdysis", "--holdout-window", "1", "--home", str(home),
                                     "--out", str(out)]) == 0
@@ -172,14 +180,8 @@ def test_rotated_holdout_windows_give_each_seed_its_own_held_out_sets(tmp_path: 
     an interval across seeds next to the one on these seeds."""
     from ecdysis.runner import pick_instances
     from ecdysis.service import Service
-    from ecdysis.suites import load_suite
     from storage import open_store
-    suite = load_suite("arithmetic")
-    rules = [{"match": i.input, "text": f"Let me think.\nThe answer is {i.target}."} for i in suite.instances]
-    script = tmp_path / "model.json"
-    script.write_text(json.dumps({"rules": rules, "default": "I do not know."}))
-    home, out = tmp_path / "home", tmp_path / "results"
-    monkeypatch.delenv("ECDYSIS_DATABASE_URL", raising=False)
+    suite, script, home, out = wrapped_answers(tmp_path, monkeypatch)
     argv = ["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}", "--strategy", "ecdysis",
             "--strategy", "per-instance", "--home", str(home), "--out", str(out)]
     with pytest.raises(SystemExit):
