@@ -31,7 +31,9 @@ class CallBudget:
         self.calls = 0
         self.tokens = 0
         self.seconds = 0.0  # model seconds charged: each call's (recorded) latency
-        self._paid: set[str] = set()  # cache keys of the requests charged (charge_cached only)
+        # The requests charged (charge_cached only), by `_short` key: saved with every save of a
+        # long job, where whole keys made up most of a benchmark evolution's stored record.
+        self._paid: set[str] = set()
         self._lock = threading.Lock()
 
     def check(self) -> None:
@@ -73,7 +75,7 @@ class CallBudget:
             self.tokens += tokens if whole else round(tokens * room / calls)
             self.seconds += seconds if whole else seconds * room / calls
             if whole and keys and self.charge_cached:
-                self._paid.update(keys)
+                self._paid.update(map(_short, keys))
         if not whole:
             raise BudgetExceeded(f"model-call budget of {self.max_calls} spent: a reused run of {calls} calls "
                                  f"does not fit in the {room} left")
@@ -85,9 +87,9 @@ class CallBudget:
         latency = completion.recorded_latency_s if completion.cache_hit else completion.latency_s
         with self._lock:  # the key and its charge together, so a snapshot never holds one alone
             if self.charge_cached and key is not None:
-                if completion.cache_hit and key in self._paid:
+                if completion.cache_hit and _short(key) in self._paid:
                     return
-                self._paid.add(key)
+                self._paid.add(_short(key))
             self.calls += 1
             self.tokens += completion.prompt_tokens + completion.completion_tokens
             self.seconds += latency
@@ -96,20 +98,26 @@ class CallBudget:
         """Whether a cached answer to this request would be free (`charge_cached` only: without
         it every cached answer is)."""
         with self._lock:
-            return key in self._paid
+            return _short(key) in self._paid
 
     def mark_paid(self, keys: "set[str] | list[str]") -> None:
         """Requests paid for on this budget's account outside `charge_completion`: a reused run it
         was charged for as a block, or what an earlier process of the same job paid for."""
         if self.charge_cached:
             with self._lock:
-                self._paid.update(keys)
+                self._paid.update(map(_short, keys))
 
     def snapshot(self) -> tuple[int, int, float, list[str]]:
-        """Calls, tokens, model seconds and the paid requests' keys (sorted), read together."""
+        """Calls, tokens, model seconds and the paid requests' (`_short`) keys, sorted, read together."""
         with self._lock:
             return self.calls, self.tokens, self.seconds, sorted(self._paid)
 
     @property
     def exhausted(self) -> bool:
         return self.spent_limit() is not None
+
+
+def _short(key: str) -> str:
+    """The first 64 bits of a cache key (a SHA-256 in hex): among the thousands of requests one
+    job makes, two share them with a chance of about one in 10^11."""
+    return key[:16]

@@ -205,9 +205,12 @@ def test_a_request_a_budget_already_paid_for_replays_free(store) -> None:
     bare.complete(asked)
     bare.complete(asked)
     assert uncached.calls == 2 and len(backend.history) == 4
-    restarted = CallBudget(max_calls=0, charge_cached=True)
-    restarted.mark_paid(budget.snapshot()[3])
-    assert ModelGateway(backend, store, budget=restarted).complete(asked).cache_hit and restarted.calls == 0
+    saved = budget.snapshot()[3]
+    assert saved == [asked.cache_key(backend.model_id)[:16]]  # short keys: saved with every save of a job
+    for keys in (saved, [asked.cache_key(backend.model_id)]):  # and whole ones, as saved before
+        restarted = CallBudget(max_calls=0, charge_cached=True)
+        restarted.mark_paid(keys)
+        assert ModelGateway(backend, store, budget=restarted).complete(asked).cache_hit and restarted.calls == 0
 
 
 def test_a_reused_block_of_calls_is_charged_only_as_far_as_the_budget_reaches() -> None:
