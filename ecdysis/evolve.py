@@ -13,7 +13,6 @@ without redoing finished work or losing a decision."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 import uuid
@@ -28,7 +27,7 @@ from ecdysis.gate import (DEFAULT_K, POLICIES, AcceptancePolicy, GateVerdict, Pa
 from ecdysis.harness import harness_id, new_version
 from ecdysis.harness import params as harness_params
 from ecdysis.leases import Held, evolution_key
-from ecdysis.records import Instance
+from ecdysis.records import Instance, request_key
 from ecdysis.budget import CallBudget
 from ecdysis.events import EventSink
 from ecdysis.failures import conforms, expected_shape
@@ -456,7 +455,7 @@ class Evolver:
         keys: set[str] = set()
         for result in self.store.get_results(run_id):
             for call in result.calls:
-                key = _call_key(call)
+                key = request_key(call.model, call.request)
                 if call.error or key in keys or budget.paid_for(key) or (also is not None and key in also):
                     continue
                 keys.add(key)
@@ -468,7 +467,6 @@ class Evolver:
                 else:
                     seconds += call.latency_s
         return (calls, tokens, seconds), keys
-
 
     def _find_run(self, version_id: str, model: str, instance_ids: list[str], *,
                   label: str | None = None) -> str | None:
@@ -1326,12 +1324,6 @@ class Evolver:
         evo = getattr(self, "_current", None)
         if evo is not None and evo.result.get("cursor") is cur:
             self._save(evo)
-
-
-def _call_key(call: Any) -> str:
-    """The cache key of a recorded call's request (`CompletionRequest.cache_key`)."""
-    blob = json.dumps({"model": call.model, **call.request}, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _newly_read(operator: str | None, own: list[Instance], models: list[str], parent: dict[PairKey, Any],

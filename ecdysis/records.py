@@ -115,8 +115,14 @@ class CompletionRequest:
         return out
 
     def cache_key(self, model_id: str) -> str:
-        blob = json.dumps({"model": model_id, **self.to_json()}, sort_keys=True, ensure_ascii=False)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return request_key(model_id, self.to_json())
+
+
+def request_key(model_id: str, request: dict[str, Any]) -> str:
+    """The cache key of a request in its `to_json` form: a recorded call's (`ModelCall.request`)
+    is its request's `cache_key`."""
+    blob = json.dumps({"model": model_id, **request}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 MAX_OPTIONS = 64         # options one scoring call may weigh
