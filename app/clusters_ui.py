@@ -185,7 +185,13 @@ def _outcome(report: DiagnosisReport, cluster: Cluster, proposal: Proposal | Non
                     "roles' proposal; the Review page lists both")
         st.caption(ui.md(alternative.alternative))
         _proposal_body(alternative)
-    reviewable = [p for p in (proposal, alternative) if p is not None and p.status == "endorsed"]
+    readings = report.readings_for(cluster.id)
+    for reading in readings:
+        st.markdown(f"**Another reading repair** — proposal `{reading.id}`, screened alone beside the others; "
+                    "it asks the model nothing new, so trying it costs no model call")
+        st.caption(ui.md(reading.alternative))
+        _proposal_body(reading)
+    reviewable = [p for p in (proposal, alternative, *readings) if p is not None and p.status == "endorsed"]
     if reviewable:
         remember("proposal", reviewable[0].id)
         ui.page_link("review", "Review this proposal" if len(reviewable) == 1 else "Review these proposals",

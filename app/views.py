@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ecdysis.aggregate import Cluster
 from ecdysis import diagnosis
-from ecdysis.diagnosis import DiagnosisReport
+from ecdysis.diagnosis import READING_NOTE, DiagnosisReport
 from ecdysis.failures import AGENT_TYPES, Failure
 from ecdysis.records import InstanceResult, RunRecord
 from ecdysis.roles.base import RoleMessage
@@ -372,7 +372,9 @@ def _project(texts: list[str]) -> Any:
 
 def proposal_label(p: ProposalRecord, titles: Mapping[str, str] | None = None) -> str:
     title = (titles or {}).get(f"{p.diagnosis_id}/{p.cluster_id}", p.cluster_id)
-    return f"{p.id} · {p.status} · {title}" + (" · the engine's alternative" if p.data.get("alternative") else "")
+    note = str(p.data.get("alternative") or "")
+    kind = "another reading repair" if note.startswith(READING_NOTE) else "the engine's alternative"
+    return f"{p.id} · {p.status} · {title}" + (f" · {kind}" if note else "")
 
 
 def cluster_titles(diagnoses: Iterable[DiagnosisRecord], width: int = 50) -> dict[str, str]:

@@ -23,7 +23,7 @@ from ecdysis.events import EventSink
 from ecdysis.failures import Failure, extract_failures
 from ecdysis.models.base import ModelBackend
 from ecdysis.models.gateway import ModelGateway
-from ecdysis.probe import probe_clusters
+from ecdysis.probe import probe_clusters, reads_only
 from ecdysis.records import InstanceResult, RunRecord, Suite
 from ecdysis.refine import ENGINE, CriticChecks, DataIndex, Proposal, RefineOutcome, Refiner, SmokeRunner
 from ecdysis.roles import make_role_backend
@@ -50,6 +50,7 @@ class PatchOutcome:
     shared_with: str | None = None
     transcript: tuple[RoleMessage, ...] = ()   # the roles' messages when no proposal of its own came of it
     alternative_id: str | None = None   # the engine's own pick beside the roles' (`_engine_alternative`)
+    reading_ids: tuple[str, ...] = ()   # the cluster's other reading repairs (`_reading_siblings`)
 
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None) -> "PatchOutcome":
@@ -57,16 +58,22 @@ class PatchOutcome:
         return cls(proposal_id=d.get("proposal_id"), status=str(d.get("status") or ""),
                    no_patch_reason=d.get("no_patch_reason"), shared_with=d.get("shared_with"),
                    transcript=tuple(RoleMessage.from_json(m) for m in d.get("transcript") or ()),
-                   alternative_id=d.get("alternative_id"))
+                   alternative_id=d.get("alternative_id"), reading_ids=tuple(d.get("reading_ids") or ()))
 
     def text(self) -> str:
         """In words: "proposal P (endorsed)", or the reason no patch was made; then the engine's
-        alternative, when there is one."""
+        alternative and the other reading repairs, when there are any."""
         if self.proposal_id:
             own = f"proposal {self.proposal_id} ({self.status})" if self.status else f"proposal {self.proposal_id}"
         else:
             own = self.no_patch_reason or "not refined"
-        return f"{own}; the engine's alternative: proposal {self.alternative_id}" if self.alternative_id else own
+        if self.alternative_id:
+            own += f"; the engine's alternative: proposal {self.alternative_id}"
+        if len(self.reading_ids) == 1:
+            own += f"; another reading repair: proposal {self.reading_ids[0]}"
+        elif self.reading_ids:
+            own += "; other reading repairs: proposals " + ", ".join(self.reading_ids)
+        return own
 
 
 @dataclass
@@ -98,6 +105,11 @@ class DiagnosisReport:
         """The engine's alternative for the cluster, drafted for it or shared with another cluster."""
         pid = self.patch(cluster_id).alternative_id
         return next((p for p in self.proposals if p.id == pid), None) if pid else None
+
+    def readings_for(self, cluster_id: str) -> list[Proposal]:
+        """The cluster's other reading repairs (`_reading_siblings`), drafted for it or shared."""
+        ids = self.patch(cluster_id).reading_ids
+        return [p for p in self.proposals if p.id in ids]
 
     def patch(self, cluster_id: str) -> PatchOutcome:
         return PatchOutcome.parse(self.outcomes.get(cluster_id))
@@ -254,7 +266,9 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
     before refinement, in a whole-batch diagnosis.
     `alternatives`: in a whole-batch diagnosis with no proposal limit and model-played roles, a
     cluster whose roles ended on another repair than the engine's pick also gets the engine's pick
-    as a second proposal (`_engine_alternative`); what screens both alone should ask for it.
+    as a second proposal (`_engine_alternative`); what screens both alone should ask for it. Under
+    the same conditions, whatever plays the roles, a cluster whose proposal only changes how replies
+    are read also gets the other reading repairs that apply to it (`_reading_siblings`).
     `affordable(files)` says why the budget left cannot screen and validate such a harness (or
     None): the Critic refuses a draft that adds model calls on that ground before paying for its
     smoke run and headroom probes, and the roles turn to the next repair.
@@ -292,8 +306,10 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
     alternate = (Refiner(engine, checks, max_rounds=max_rounds, passes=passes)
                  if alternatives and only_instances is None and max_proposals is None and backend.name != engine.name
                  else None)
+    whole = alternatives and only_instances is None and max_proposals is None
+    readings = Refiner(engine, checks, max_rounds=max_rounds, passes=passes) if whole else None
     outcomes, proposals = _refine_all(clusters, batch, exemplars, refiner, max_proposals, emit,
-                                      [dict(h) for h in history], alternate)
+                                      [dict(h) for h in history], alternate, readings)
     report = DiagnosisReport(
         id="d" + uuid.uuid4().hex[:11], run_ids=[r.id for r in batch.runs], harness_version=batch.harness.id,
         models=sorted({r.model for r in batch.runs}), suites=sorted(batch.suites), role_backend=backend.name,
@@ -308,11 +324,14 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
 
 def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exemplar], refiner: Refiner,
                 max_proposals: int | None, emit: EventSink, history: list[dict[str, Any]],
-                alternate: Refiner | None = None) -> tuple[dict[str, dict[str, Any]], list[Proposal]]:
+                alternate: Refiner | None = None,
+                readings: Refiner | None = None) -> tuple[dict[str, dict[str, Any]], list[Proposal]]:
     """Each cluster to refine gets the roles in priority order. Clusters that want the same repair
     (an identical patch) share the first one's proposal instead of being pushed to a different,
     lesser operator. With `alternate` (the engine's own roles), a cluster whose roles did not end
-    on the engine's pick also gets that pick, as a second proposal: see `_engine_alternative`."""
+    on the engine's pick also gets that pick, as a second proposal: see `_engine_alternative`.
+    With `readings` (the engine's roles too), a cluster whose proposal only changes how replies are
+    read gets its other reading repairs as well: see `_reading_siblings`."""
     outcomes: dict[str, dict[str, Any]] = {}
     proposals: list[Proposal] = []
     for cluster in clusters:
@@ -347,6 +366,12 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
             alternative = _engine_alternative(alternate, cluster, batch, exemplars, history, outcome)
             if alternative is not None:  # shared with another cluster's proposal when the patch is the same
                 entry["alternative_id"] = _place(alternative, proposals).id
+        made = [p for p in proposals if p.id in (entry.get("proposal_id"), entry.get("alternative_id"))]
+        if readings is not None and not vetoed and made:
+            siblings = _reading_siblings(readings, cluster, batch, exemplars, history, made)
+            if siblings:
+                emit({"type": "refining", "cluster_id": cluster.id, "readings": len(siblings)})
+                entry["reading_ids"] = list(dict.fromkeys(_place(p, proposals).id for p in siblings))
         outcomes[cluster.id] = entry
     return outcomes, proposals
 
@@ -392,6 +417,42 @@ def _engine_alternative(alternate: Refiner, cluster: Cluster, batch: _Batch, exe
                         "before validation.")
     mine.transcript.insert(0, RoleMessage(1, "proposer", "check", ENGINE, mine.alternative))
     return mine
+
+
+READING_NOTE = "Another reading repair"  # how `_reading_siblings` notes begin (the app labels them by it)
+
+
+def _reading_siblings(engine: Refiner, cluster: Cluster, batch: _Batch, exemplars: list[Exemplar],
+                      history: list[dict[str, Any]], made: list[Proposal]) -> list[Proposal]:
+    """When a cluster's endorsed proposal only changes how replies are read (`probe.reads_only`:
+    answer extraction, choice matching), the other reading repairs that apply to the cluster,
+    each drafted and checked by the engine's roles. Such a repair asks the model nothing its parent
+    did not ask, so screening it on the batch and validating it replay requests the evolution has
+    paid for: trying each costs no model call, where proposing only the best-ranked one leaves the
+    others untried (on a BIG-Bench Hard mixture, answer extraction was kept at +5 of 120 in every
+    run and choice matching, last in its cluster's ranking, never proposed; the Self-Evolution
+    baseline reached it and kept it at +8). Each is screened alone and validated on its own."""
+    endorsed = [p for p in made if p.status == "endorsed"]
+    if not any(reads_only(p.spec.operator) for p in endorsed):
+        return []
+    have = {p.spec.operator for p in endorsed}
+    out: list[Proposal] = []
+    for name in Ranking.for_cluster(cluster).names:
+        if not reads_only(name) or name in have:
+            continue
+        case = CaseFile(cluster=cluster, files=dict(batch.harness.files), harness_version=batch.harness.id,
+                        batch=batch.context, exemplars=exemplars, history=history, only_operators=(name,))
+        mine = engine.refine(case).proposal
+        if mine is None or mine.status != "endorsed" or any(p.files == mine.files for p in endorsed + out):
+            continue
+        first = next(p for p in endorsed if reads_only(p.spec.operator))
+        mine.alternative = (f"{READING_NOTE} for this cluster, beside proposal {first.id} "
+                            f"({first.spec.operator}): {name} only changes how replies are read, so screening "
+                            "and validating it ask the model nothing new. Each is screened alone on the batch "
+                            "and validated on its own.")
+        mine.transcript.insert(0, RoleMessage(1, "proposer", "check", ENGINE, mine.alternative))
+        out.append(mine)
+    return out
 
 
 def report_of(rec: DiagnosisRecord) -> DiagnosisReport:

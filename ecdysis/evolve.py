@@ -871,14 +871,14 @@ class Evolver:
         return runs[0].harness_version if runs and runs[0] is not None else None
 
     def _cluster_instances(self, cur: dict[str, Any], pid: str) -> set[str]:
-        """The instances of every cluster whose repair is this proposal, as the roles' proposal or the
-        engine's alternative (clusters that want the same repair share one)."""
+        """The instances of every cluster whose repair is this proposal, as the roles' proposal, the
+        engine's alternative or another reading repair (clusters that want the same repair share one)."""
         out: set[str] = set()
         for did in cur.get("diagnosis_ids") or [cur.get("diagnosis_id", "")]:
             rec = self.store.get_diagnosis(did)
             for c in (rec.report.get("clusters", []) if rec else []):
                 patch = c.get("patch") or {}
-                if pid in (patch.get("proposal_id"), patch.get("alternative_id")):
+                if pid in (patch.get("proposal_id"), patch.get("alternative_id"), *(patch.get("reading_ids") or ())):
                     out |= set(c.get("instances", []))
         return out
 

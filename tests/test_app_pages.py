@@ -984,3 +984,35 @@ def test_the_engines_alternative_reads_as_such_on_the_diagnoses_and_review_pages
     assert picker.value == mine.id and "the engine's alternative" in picker.format_func(mine.id)
     assert "the engine's alternative" not in picker.format_func(theirs.id)
     assert "The engine's alternative: the roles' proposal" in texts(at)
+
+
+def test_another_reading_repair_reads_as_such_on_the_diagnoses_and_review_pages(ecdysis_home: Path, svc: Service,
+                                                                                  tmp_path: Path) -> None:
+    """A cluster whose repair only changes how replies are read also gets its other reading
+    repairs: the cluster's conversation shows each after the roles' specification, with why it was
+    drafted (trying it asks the model nothing new), and the Review page labels it as such."""
+    from test_strategies import two_readings_world
+    models = ("reads-app-a", "reads-app-b")
+    _, suite = two_readings_world(tmp_path, svc.store, models)
+    runs = [svc.run(RunRequest(suite=suite, model=m, split="train", limit=12)).run_id for m in models]
+    record = svc.diagnose(runs)
+    report = views.report_of(record)
+    cluster = next(c for c in report.clusters if report.patch(c.id).reading_ids)
+    theirs, (sibling,) = report.proposal_for(cluster.id), report.readings_for(cluster.id)
+    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.session_state["_remember:diagnosis"] = record.id
+    at.session_state[f"_remember:cluster:{record.id}"] = cluster.id
+    at.run()
+    at.switch_page("../pages/3_diagnoses.py").run()
+    assert_clean(at)
+    page = texts(at)
+    assert f"**Final modification specification** — proposal `{theirs.id}`" in page
+    assert f"**Another reading repair** — proposal `{sibling.id}`" in page
+    assert f"beside proposal {theirs.id} ({theirs.spec.operator})" in page
+    assert "Review these proposals" in [e.proto.label for e in at.get("page_link")]
+    at.session_state["_remember:proposal"] = sibling.id
+    at.switch_page("../pages/4_review.py").run()
+    assert_clean(at)
+    picker = by_label(at.selectbox, "Proposal")
+    assert picker.value == sibling.id and picker.format_func(sibling.id).endswith("another reading repair")
+    assert not picker.format_func(theirs.id).endswith("reading repair")

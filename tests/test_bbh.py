@@ -194,3 +194,36 @@ def test_a_bbh_mixture_runs_on_the_embedded_model(tmp_path: Path) -> None:
     assert summary["n"] == 3 and summary["model_calls"] == 3 and summary["completion_tokens"] > 0
     assert summary["suite"] == "bbh:navigate+date_understanding+word_sorting"
     assert 0.0 <= summary["accuracy"] <= 1.0
+
+
+@needs_real
+@pytest.mark.slow
+def test_a_real_off_format_cluster_gets_its_other_reading_repair_drafted_and_smoke_run(tmp_path: Path,
+                                                                                        store) -> None:
+    """Twelve train questions of a BIG-Bench Hard mixture on Qwen 0.5B and SmolLM2: Qwen's replies
+    that hold an option below prose form an off-format cluster whose repair is answer extraction
+    (first in its ranking). Choice matching, which also only changes how replies are read, is
+    drafted beside it by the engine's roles, checked like any proposal (it applies, loads and
+    answers its smoke run on Qwen) and shares the cluster's instances for screening."""
+    from ecdysis.diagnosis import READING_NOTE, diagnose
+    from ecdysis.probe import reads_only
+    from ecdysis.service import RunRequest, Service
+    svc = Service(store)
+    suite = "bbh:date_understanding+formal_fallacies+navigate"
+    runs = [svc.run(RunRequest(suite=suite, model=m, split="train", limit=12)).run_id
+            for m in ("qwen2.5-coder-0.5b", "smollm2")]
+    report = diagnose(store, runs, suite_loader=svc.suite, smoke_model="qwen2.5-coder-0.5b",
+                      backend_factory=svc.backend, limits=svc.limits())
+    base = svc.harness(report.harness_version)
+    drafted = []
+    for c in report.clusters:
+        theirs, siblings = report.proposal_for(c.id), report.readings_for(c.id)
+        if not siblings:
+            continue
+        assert theirs is not None and reads_only(theirs.spec.operator), report.render_text()
+        for sibling in siblings:
+            assert reads_only(sibling.spec.operator) and sibling.spec.operator != theirs.spec.operator
+            assert sibling.status == "endorsed" and sibling.alternative.startswith(READING_NOTE)
+            assert sibling.apply_to(base.files).ok and next(ch for ch in sibling.checks if ch.name == "loads").ok
+            drafted.append((c.type, theirs.spec.operator, sibling.spec.operator))
+    assert ("off_format", "answer_extraction", "choice_matching") in drafted, report.render_text()

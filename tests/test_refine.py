@@ -52,9 +52,12 @@ def test_harness_level_cluster_gets_a_patch_that_fixes_it() -> None:
     assert shared["patch"]["status"] == "endorsed"
     assert quirk["patch"]["proposal_id"] is None and "one model's quirk" in quirk["patch"]["no_patch_reason"]
     assert slip["patch"]["proposal_id"] is None and "too small" in slip["patch"]["no_patch_reason"]
-    assert len(data["proposals"]) == 1
-    proposal = report.proposals[0]
+    # The roles' proposal, then the cluster's other reading repair (`_reading_siblings`).
+    assert len(data["proposals"]) == 2 and shared["patch"]["reading_ids"] == [data["proposals"][1]["id"]]
+    proposal, sibling = report.proposals
     assert proposal.cluster_id == "c1" and proposal.spec.operator == "answer_extraction"
+    assert (sibling.cluster_id, sibling.spec.operator, sibling.status) == ("c1", "choice_matching", "endorsed")
+    assert report.proposal_for("c1") is proposal and report.readings_for("c1") == [sibling]
     assert all(c.ok for c in proposal.checks)
     assert [(m["round"], m["role"]) for m in data["proposals"][0]["transcript"] if m["kind"] == "output"] == [
         (1, "investigator"), (1, "attributor"), (1, "proposer"), (1, "critic")]
@@ -283,8 +286,11 @@ def test_store_report_persists_the_diagnosis_and_its_proposals(kind: str, reques
     record = store_report(store, report)
     assert store.get_diagnosis(record.id).report["clusters"][0]["verdict"] == "harness-level"
     stored = store.list_proposals(diagnosis_id=record.id)
-    assert [(p.cluster_id, p.status) for p in stored] == [("c1", "pending")]
-    assert "ecdysis operator: answer_extraction" in stored[0].files["harness.py"]
+    # The cluster's repair and its other reading repair (`_reading_siblings`), both for the gate.
+    assert [(p.cluster_id, p.status) for p in stored] == [("c1", "pending")] * 2
+    operators = {p.spec["operator"]: p for p in stored}
+    assert set(operators) == {"answer_extraction", "choice_matching"}
+    assert "ecdysis operator: answer_extraction" in operators["answer_extraction"].files["harness.py"]
 
 
 class _FirstDraftProposer:
@@ -535,7 +541,9 @@ def test_the_engine_drafts_its_own_pick_beside_a_role_models_other_repair() -> N
              "spec": {**SPEC, "target_files": ["system.md"]}}
     report = run_diagnosis(store, role_backend=scripted_roles(other), passes=1)
     c1 = report.clusters[0]
-    theirs, mine = report.proposals
+    # The engine's pick only changes how replies are read: its other reading repair comes with it.
+    theirs, mine, sibling = report.proposals
+    assert report.readings_for(c1.id) == [sibling] and sibling.spec.operator == "choice_matching"
     assert theirs.spec.operator == "answer_format_instruction" and theirs.status == "endorsed"
     assert mine.spec.operator == "answer_extraction" and mine.status == "endorsed" and mine.cluster_id == c1.id
     assert report.proposal_for(c1.id) is theirs and report.alternative_for(c1.id) is mine
@@ -559,9 +567,10 @@ def test_the_engine_drafts_its_own_pick_beside_a_role_models_other_repair() -> N
                              alternatives=False).proposals) == 1
     same = {"operator": "answer_extraction", "replies": [], "spec": SPEC}
     agreed = run_diagnosis(MemoryStore(), role_backend=scripted_roles(same), passes=1)
-    assert [p.spec.operator for p in agreed.proposals] == ["answer_extraction"]
+    assert [p.spec.operator for p in agreed.proposals] == ["answer_extraction", "choice_matching"]
     assert agreed.patch(c1.id).alternative_id is None
-    assert len(run_diagnosis(MemoryStore(), passes=1).proposals) == 1  # heuristic roles: the pick is the engine's
+    heuristic = run_diagnosis(MemoryStore(), passes=1)  # heuristic roles: the pick is the engine's
+    assert [p.alternative.split(" for")[0] for p in heuristic.proposals] == ["", "Another reading repair"]
     limited = run_diagnosis(MemoryStore(), role_backend=scripted_roles(other), passes=1, max_proposals=1)
     assert [p.spec.operator for p in limited.proposals] == ["answer_format_instruction"]
 
@@ -582,14 +591,15 @@ def test_the_engine_alternative_does_not_overrule_the_role_models_veto_but_stand
                                                  f"    if {question!r} in task['input']:\n"
                                                  "        return '34'\n"}]}
     report = run_diagnosis(MemoryStore(), role_backend=scripted_roles(cheat), max_rounds=1, passes=1)
-    refused, mine = report.proposals
+    refused, mine, sibling = report.proposals  # the third: choice matching, the pick's other reading repair
     assert refused.status == "rejected" and mine.status == "endorsed"
     assert mine.spec.operator == "answer_extraction"
     assert f"the roles' proposal {refused.id} names a hand-written change and was rejected" in mine.alternative
-    assert report.patch("c1").text() == f"proposal {refused.id} (rejected); the engine's alternative: proposal {mine.id}"
+    assert report.patch("c1").text() == (f"proposal {refused.id} (rejected); the engine's alternative: proposal "
+                                         f"{mine.id}; another reading repair: proposal {sibling.id}")
     gave_up = run_diagnosis(MemoryStore(), role_backend=scripted_roles({"give_up": "no repair fits this cluster"}),
                             passes=1)
-    [mine] = gave_up.proposals
+    mine, _ = gave_up.proposals
     assert gave_up.proposal_for("c1") is None and gave_up.alternative_for("c1") is mine
     assert mine.alternative.startswith("The engine's alternative: the roles made no proposal (")
     assert "no repair fits this cluster" in mine.alternative and mine.spec.operator == "answer_extraction"

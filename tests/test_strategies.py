@@ -856,6 +856,91 @@ def test_a_repair_that_reads_answers_goes_to_validation_though_it_wins_nothing_o
     assert "it repaired nothing on the batch" in fate["why"] and edited.current_version == edited.base_version
 
 
+FRUITS = (("yellow banana", "green pear", "red apple"), ("orange carrot", "purple plum", "white onion"),
+          ("brown walnut", "black olive", "pink grapefruit"))
+CHOICE_REPLIES = {"bare": "{letter}", "wrapped": "Let me think about it.\nThe answer is ({letter}).",
+                  "plural": "{target}s are the answer here."}
+
+
+def two_readings_world(tmp_path: Path, store, models: tuple[str, ...]) -> tuple[Service, str]:
+    """A multiple-choice suite answered by scripted models (all alike, so every cluster is shared
+    across models) in one form per instance: "bare" (the option letter: right), "wrapped" (the
+    letter below a first line of prose) or "plural" (the option's text in a sentence, pluralised).
+    Answer extraction reads the wrapped letters; choice matching reads both, mapping the sentence
+    to its closest option (and falling back to the answer the reply marks). The first batch is
+    wrapped, plural, bare, wrapped, ...; validation and test take the three forms in turn."""
+    from ecdysis.runner import pick_instances
+    suite = tmp_path / "fruit.jsonl"
+    lines = [json.dumps({"ecdysis_suite": {"name": "fruit", "scorer": {"kind": "multiple_choice"}}})]
+    for i in range(48):
+        options = FRUITS[i % 3][i % 3:] + FRUITS[i % 3][:i % 3]
+        target = options[(i // 3) % 3]
+        lines.append(json.dumps({"id": f"f{i:02d}", "input": f"Question {i}: which of these is {target.split()[0]}?",
+                                 "choices": list(options), "target": target, "category": "abc"[i % 3]}))
+    suite.write_text("\n".join(lines) + "\n")
+    svc = Service(store)
+    loaded = svc.suite(str(suite))
+    kinds = {i.id: "bare" for i in loaded.instances}
+    kinds.update({i.id: ("wrapped", "plural", "bare")[n % 3]
+                  for n, i in enumerate(loaded.split("validation") + loaded.split("test"))})
+    kinds.update({i.id: ("wrapped", "plural", "bare", "wrapped")[n % 4]
+                  for n, i in enumerate(window(pick_instances(loaded, "train", None), 12, 1))})
+    rules = [Rule(text=CHOICE_REPLIES[kinds[i.id]].format(letter="ABC"[list(i.choices).index(i.target)],
+                                                         target=i.target), match=i.input)
+             for i in loaded.instances]
+    for model in models:
+        register_backend(ScriptedBackend(rules, model_id=model, default="I do not know."))
+    return svc, str(suite)
+
+
+def test_a_clusters_other_reading_repairs_are_tried_free_and_the_better_one_kept(tmp_path: Path, store) -> None:
+    """The cluster of wrapped letters gets answer extraction, first in its ranking; choice matching,
+    last there, was never proposed, and extraction was kept (test 0.667, checked on the code before
+    this rule). Both only change how replies are read, so the cluster now also gets choice
+    matching, drafted by the engine's roles: each is screened alone and validated on its own, choice
+    matching goes first on the larger gain, is kept, and the test accuracy is 1.0. Charged as the
+    benchmark charges, the readings cost nothing: the only validation calls are the parent's, and
+    no screen calls at all. A per-instance search, one proposal a scope, gets no sibling."""
+    from app import views
+    from ecdysis.diagnosis import READING_NOTE, report_of
+    from ecdysis.probe import reads_only
+    models = ("planted-reads-a", "planted-reads-b")
+    svc, suite = two_readings_world(tmp_path, store, models)
+
+    def readings_only(proposal):  # the other clusters' prompt repairs would cost screening calls
+        if reads_only(proposal.spec.get("operator")):
+            return "approve", "", None
+        return "reject", "reading repairs only here", None
+
+    evo = Evolver(svc, reviewer=readings_only)
+    done = evo.run(evo.create(config(suite, models=list(models), val_limit=16, test_limit=16,
+                                     charge_cached=True)).id)
+    row = done.iterations[0]
+    report = report_of(svc.get_diagnosis(row["diagnosis_id"]))
+    wrapped = next(c for c in report.clusters if report.patch(c.id).reading_ids)
+    theirs, (sibling,) = report.proposal_for(wrapped.id), report.readings_for(wrapped.id)
+    assert (theirs.spec.operator, sibling.spec.operator) == ("answer_extraction", "choice_matching")
+    assert sibling.status == "endorsed" and sibling.alternative.startswith(READING_NOTE)
+    assert f"beside proposal {theirs.id} (answer_extraction)" in sibling.alternative
+    assert f"another reading repair: proposal {sibling.id}" in report.patch(wrapped.id).text()
+    assert views.proposal_label(svc.store.get_proposal(sibling.id)).endswith("· another reading repair")
+    fate = {h["operator"]: h["outcome"] for h in row["history"] if h["outcome"] != "rejected"}
+    assert fate == {"choice_matching": "kept", "answer_extraction": "screened_out"}, row["history"]
+    kept = changes(row)["choice_matching"]
+    assert kept["screened"]["passed"] and kept["measured"]["wins"] > 0 == kept["measured"]["losses"], kept
+    assert done.result["base_test_accuracy"] < 0.34 and done.result["test_accuracy"] == 1.0
+    # Every screen and the candidate's validation replay requests the batch and the parent's
+    # validation paid for: one call per validation outcome (12 instances x 2 models) is all it cost.
+    assert kept["measured"]["n"] == 24, kept["measured"]
+    assert row["calls_by_phase"]["screen"] == 0 and row["calls_by_phase"]["validate"] == 24, row["calls_by_phase"]
+
+    base = Evolver(svc, reviewer=readings_only)
+    searched = base.run(base.create(config(suite, models=list(models), val_limit=16, test_limit=16,
+                                           strategy="per-instance", label="pi")).id)
+    made = [report_of(svc.get_diagnosis(d)) for d in searched.result["diagnoses"]]
+    assert made and not any(r.patch(c.id).reading_ids for r in made for c in r.clusters)
+
+
 FIRST_NUMBER = '''
 
 import re as _planted_re_first

@@ -132,6 +132,9 @@ class CaseFile:
     # A review pass's measured concerns about an accepted spec ({"kind", "text"}), for the Critic.
     concerns: list[dict[str, str]] = field(default_factory=list)
     tried_operators: list[str] = field(default_factory=list)  # operators already objected to here
+    # When set, the engine's Proposer drafts only these catalogue operators (a cluster's other
+    # reading repairs, drafted beside its proposal: `diagnosis._reading_siblings`).
+    only_operators: tuple[str, ...] = ()
     # What earlier iterations of the evolution tried and what became of it: dicts with operator,
     # change, outcome (kept | rejected | not_endorsed | screened_out | rolled_back | not_validated |
     # not_applied) and why. `rejected` is a person's decision; `not_endorsed` is the Critic's.

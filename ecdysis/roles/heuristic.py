@@ -178,7 +178,8 @@ def propose(case: CaseFile) -> dict[str, Any]:
     every untried one."""
     skipped: list[str] = []
     inp = repair_input(case)
-    ranked = Ranking.for_cluster(case.cluster).names
+    only = case.only_operators
+    ranked = [n for n in Ranking.for_cluster(case.cluster).names if not only or n in only]
     refused = case.refused_elsewhere
     for name in [n for n in ranked if n not in refused] + [n for n in ranked if n in refused]:
         if name in case.tried_operators:
