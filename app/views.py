@@ -595,7 +595,8 @@ def change_rows(e: EvolutionRecord) -> list[dict[str, Any]]:
                 "predicted": (c.predicted[:160] if c else "") or None,
                 "screened": (f"net {sc.net:+d} ({sc.wins} won, {sc.losses} lost of {sc.n}"
                              + (f", {sc.earlier} from earlier batches)" if sc.earlier else ")")
-                             + (f"; reads {sc.read} answers that went unread" if sc.read else "") + jointly
+                             + (f"; reads {sc.read} answers that went unread" if sc.read else "")
+                             + _contest(sc.contest) + jointly
                              if sc and sc.n is not None and sc.net is not None else None),
                 "calls/instance": (f"{sc.parent_calls or 0:g} → {sc.candidate_calls:g}"
                                    if sc and sc.candidate_calls is not None else None),
@@ -603,6 +604,16 @@ def change_rows(e: EvolutionRecord) -> list[dict[str, Any]]:
                               if val else None),
                 "outcome": h.outcome.replace("_", " "), "why": h.why or None})
     return rows
+
+
+def _contest(contest: Mapping[str, Any] | None) -> str:
+    """"; ranked on validation: net +8 (answer_extraction +4)": a reading repair validated against
+    the same parent as its rivals, which set the order they went to the gate in."""
+    if not contest or not contest.get("rivals"):
+        return ""
+    rivals = ", ".join(f"{r.get('operator') or r.get('proposal_id')} {int(r.get('net', 0)):+d}"
+                       for r in contest["rivals"])
+    return f"; ranked on validation: net {int(contest.get('net', 0)):+d} ({rivals})"
 
 
 def pair_rows(e: EvolutionRecord) -> list[dict[str, Any]]:

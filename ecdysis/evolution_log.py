@@ -92,6 +92,10 @@ class Screening:
     passed: bool | None = None
     reason: str = ""
     read: int | None = None  # a repair of reading passed on this many answers it now reads
+    # A repair of reading validated against the same parent as the others that survived with it
+    # (`Evolver._readings_by_validation`): n, wins, losses, net, and `rivals` (proposal_id,
+    # operator, wins, losses, net each), which decided the order they were validated in.
+    contest: Mapping[str, Any] | None = None
 
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None) -> Screening | None:

@@ -356,7 +356,11 @@ class Evolver:
             start, now = cur.pop("phase_spent_start"), self._spent()
             by_phase = cur.setdefault("calls_by_phase", {})
             group = PHASE_GROUP[phase]
-            by_phase[group] = by_phase.get(group, 0) + now["calls"] - start["calls"]
+            # Validations run while screening (`_readings_by_validation`) are counted as validation.
+            moved = cur.pop("contest_calls", 0)
+            by_phase[group] = by_phase.get(group, 0) + now["calls"] - start["calls"] - moved
+            if moved:
+                by_phase["validate"] = by_phase.get("validate", 0) + moved
         else:
             cur.pop("phase_spent_start", None)
 
@@ -656,7 +660,7 @@ class Evolver:
             r = screened[pid]
             clear = r["net"] > cfg.screen_k * math.sqrt(r.get("wins", 0) + r.get("losses", 0))
             return (not clear, -r["net"] if clear else r["extra_calls"], -r["net"], r["extra_calls"], pids.index(pid))
-        ordered = sorted(survivors, key=order)
+        ordered = self._readings_by_validation(evo, cfg, cur, sorted(survivors, key=order), budget)
         if not cfg.complements:
             return [[pid] for pid in ordered]
         misses = self._near_misses(evo, cfg, cur)
@@ -702,6 +706,63 @@ class Evolver:
                     and together.get("against") == evo.current_version and together.get("passed")):
                 groups.append(pair)
         return groups
+
+    def _readings_by_validation(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any],
+                                ordered: list[str], budget: CallBudget) -> list[str]:
+        """`ordered` with the reading repairs among them (`probe.reads_only`, as proposed) put in the
+        order of their paired net gain on validation against the version kept so far, in the places
+        they held: each validated on its own against the same parent, the best goes first. Such a
+        repair asks the model what its parent asked, so its validation replays requests paid for
+        already (the parent's, which the first validation pays in any case). The batch cannot rank
+        them: a screen sees the failures of its 12 instances, and two repairs that read the same
+        ones tie there. Kept first, answer extraction would leave choice matching nothing to
+        repair on the next screen, though choice matching gains more on validation alone (the first
+        BIG-Bench Hard mixture: +5 and +8 of 120). Each gain is stored with its screen (`contest`);
+        the gate still judges the first on its own, and the others are screened again on top of it
+        when it is kept. Left as they are when the validation of the first does not fit the budget."""
+        screened: dict[str, dict[str, Any]] = cur.get("screen", {})
+
+        def reading(pid: str) -> bool:
+            proposal = self.store.get_proposal(pid)
+            return (proposal is not None and reads_only(proposal.spec.get("operator"))
+                    and _last_approval(self.store, pid) != "edit" and bool(screened.get(pid, {}).get("candidate")))
+        readings = [pid for pid in ordered if reading(pid)]
+        if len(readings) < 2:
+            return ordered
+        parent = self.svc.harness(evo.current_version)
+        instances = self._val_instances(evo, cfg, "validation", cfg.val_limit)
+        gains: dict[str, int] = {}
+        before: dict[PairKey, Any] | None = None
+        spent = self._spent()["calls"]
+        for pid in readings:
+            candidate = self.svc.harness(screened[pid]["candidate"])
+            if self._unaffordable(evo, cfg, cur, budget, candidate):
+                break
+            if before is None:
+                before = self._results(self._ensure_runs(cur, f"contest_parent@{parent.id}", parent, instances, cfg,
+                                                         budget, split="validation", owner=evo.id))
+            after = self._results(self._ensure_runs(cur, f"contest:{pid}@{parent.id}", candidate, instances, cfg,
+                                                    budget, split="validation", owner=evo.id))
+            keys = sorted(set(before) & set(after))
+            _, wins, losses = paired({k: before[k].correct for k in keys}, {k: after[k].correct for k in keys})
+            screened[pid]["contest"] = {"against": parent.id, "n": len(keys), "wins": wins, "losses": losses,
+                                        "net": wins - losses}
+            gains[pid] = wins - losses
+            cur["contest_calls"] = cur.get("contest_calls", 0) + self._spent()["calls"] - spent
+            spent = self._spent()["calls"]
+            self._save_cursor_only(cur)
+        if len(gains) < 2:
+            return ordered
+        for pid in gains:
+            screened[pid]["contest"]["rivals"] = [
+                {"proposal_id": other, "operator": str(getattr(self.store.get_proposal(other), "spec", {})
+                                                       .get("operator") or ""),
+                 **{k: screened[other]["contest"][k] for k in ("wins", "losses", "net")}}
+                for other in gains if other != pid]
+        self._save_cursor_only(cur)
+        ranked = iter(sorted(gains, key=lambda p: (-gains[p], readings.index(p)))
+                      + [p for p in readings if p not in gains])
+        return [next(ranked) if pid in readings else pid for pid in ordered]
 
     def _over(self, together: dict[str, Any], single: dict[PairKey, Any]) -> dict[str, Any]:
         """A pair's screened outcomes paired against one member's alone, on the outcomes both have

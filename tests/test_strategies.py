@@ -862,13 +862,14 @@ CHOICE_REPLIES = {"bare": "{letter}", "wrapped": "Let me think about it.\nThe an
                   "plural": "{target}s are the answer here."}
 
 
-def two_readings_world(tmp_path: Path, store, models: tuple[str, ...]) -> tuple[Service, str]:
+def two_readings_world(tmp_path: Path, store, models: tuple[str, ...],
+                       batch: tuple[str, ...] = ("wrapped", "plural", "bare", "wrapped")) -> tuple[Service, str]:
     """A multiple-choice suite answered by scripted models (all alike, so every cluster is shared
     across models) in one form per instance: "bare" (the option letter: right), "wrapped" (the
     letter below a first line of prose) or "plural" (the option's text in a sentence, pluralised).
     Answer extraction reads the wrapped letters; choice matching reads both, mapping the sentence
-    to its closest option (and falling back to the answer the reply marks). The first batch is
-    wrapped, plural, bare, wrapped, ...; validation and test take the three forms in turn."""
+    to its closest option (and falling back to the answer the reply marks). The first batch takes
+    the forms of `batch` in turn; validation and test take the three forms in turn."""
     from ecdysis.runner import pick_instances
     suite = tmp_path / "fruit.jsonl"
     lines = [json.dumps({"ecdysis_suite": {"name": "fruit", "scorer": {"kind": "multiple_choice"}}})]
@@ -883,7 +884,7 @@ def two_readings_world(tmp_path: Path, store, models: tuple[str, ...]) -> tuple[
     kinds = {i.id: "bare" for i in loaded.instances}
     kinds.update({i.id: ("wrapped", "plural", "bare")[n % 3]
                   for n, i in enumerate(loaded.split("validation") + loaded.split("test"))})
-    kinds.update({i.id: ("wrapped", "plural", "bare", "wrapped")[n % 4]
+    kinds.update({i.id: batch[n % len(batch)]
                   for n, i in enumerate(window(pick_instances(loaded, "train", None), 12, 1))})
     rules = [Rule(text=CHOICE_REPLIES[kinds[i.id]].format(letter="ABC"[list(i.choices).index(i.target)],
                                                          target=i.target), match=i.input)
@@ -893,19 +894,25 @@ def two_readings_world(tmp_path: Path, store, models: tuple[str, ...]) -> tuple[
     return svc, str(suite)
 
 
-def test_a_clusters_other_reading_repairs_are_tried_free_and_the_better_one_kept(tmp_path: Path, store) -> None:
+@pytest.mark.parametrize("batch", [("wrapped", "plural", "bare", "wrapped"), ("wrapped", "bare")],
+                         ids=["the batch tells them apart", "only validation does"])
+def test_a_clusters_other_reading_repairs_are_tried_free_and_the_better_one_kept(tmp_path: Path, store,
+                                                                                 batch) -> None:
     """The cluster of wrapped letters gets answer extraction, first in its ranking; choice matching,
     last there, was never proposed, and extraction was kept (test 0.667, checked on the code before
     this rule). Both only change how replies are read, so the cluster now also gets choice
-    matching, drafted by the engine's roles: each is screened alone and validated on its own, choice
-    matching goes first on the larger gain, is kept, and the test accuracy is 1.0. Charged as the
-    benchmark charges, the readings cost nothing: the only validation calls are the parent's, and
-    no screen calls at all. A per-instance search, one proposal a scope, gets no sibling."""
+    matching, drafted by the engine's roles. Both survive screening and are validated on their own
+    against the same parent: choice matching gains more, goes first, is kept, and the test accuracy
+    is 1.0. Where the batch has no sentence for choice matching to read, the two tie on it: kept
+    first in the batch's order, extraction left choice matching nothing to repair on its next screen
+    (test 0.667 again, checked without the validation's order). Charged as the benchmark charges,
+    the readings cost nothing: the only validation calls are the parent's, and no screen calls at
+    all. A per-instance search, one proposal a scope, gets no sibling."""
     from app import views
     from ecdysis.diagnosis import READING_NOTE, report_of
     from ecdysis.probe import reads_only
     models = ("planted-reads-a", "planted-reads-b")
-    svc, suite = two_readings_world(tmp_path, store, models)
+    svc, suite = two_readings_world(tmp_path, store, models, batch)
 
     def readings_only(proposal):  # the other clusters' prompt repairs would cost screening calls
         if reads_only(proposal.spec.get("operator")):
@@ -928,6 +935,13 @@ def test_a_clusters_other_reading_repairs_are_tried_free_and_the_better_one_kept
     assert fate == {"choice_matching": "kept", "answer_extraction": "screened_out"}, row["history"]
     kept = changes(row)["choice_matching"]
     assert kept["screened"]["passed"] and kept["measured"]["wins"] > 0 == kept["measured"]["losses"], kept
+    # Each validated against the starter before the gate: choice matching reads twice as many.
+    contest = kept["screened"]["contest"]
+    (rival,) = contest["rivals"]
+    assert contest["against"] == done.base_version and rival["operator"] == "answer_extraction"
+    assert contest["net"] > rival["net"] > 0 and contest["losses"] == rival["losses"] == 0, contest
+    shown = {r["operator"]: r for r in views.change_rows(done)}["choice_matching"]
+    assert f"ranked on validation: net {contest['net']:+d} (answer_extraction {rival['net']:+d})" in shown["screened"]
     assert done.result["base_test_accuracy"] < 0.34 and done.result["test_accuracy"] == 1.0
     # Every screen and the candidate's validation replay requests the batch and the parent's
     # validation paid for: one call per validation outcome (12 instances x 2 models) is all it cost.
@@ -939,6 +953,63 @@ def test_a_clusters_other_reading_repairs_are_tried_free_and_the_better_one_kept
                                            strategy="per-instance", label="pi")).id)
     made = [report_of(svc.get_diagnosis(d)) for d in searched.result["diagnoses"]]
     assert made and not any(r.patch(c.id).reading_ids for r in made for c in r.clusters)
+
+
+CONTEST_CRASHES = {
+    "one reading validated": lambda cur: any("contest" in sc and "rivals" not in sc["contest"]
+                                             for sc in cur.get("screen", {}).values()),
+    "readings ranked": lambda cur: cur.get("phase") == "screen" and any(
+        "rivals" in sc.get("contest", {}) for sc in cur.get("screen", {}).values()),
+}
+
+
+@pytest.mark.parametrize("point", sorted(CONTEST_CRASHES))
+def test_reading_repairs_killed_while_validated_side_by_side_resume_to_the_clean_result(tmp_path: Path, store,
+                                                                                      point: str,
+                                                                                      monkeypatch) -> None:
+    """Killed right after a write of the readings' side-by-side validation (one validated, or all
+    ranked but not yet queued) and resumed by a new engine: the same order, verdicts, kept harness
+    and spending as without the kill, the runs made before the kill reused and not paid twice."""
+    from ecdysis.probe import reads_only
+    monkeypatch.setenv("ECDYSIS_LEASE_TTL", "1.0")
+    models = ("planted-contest-a", "planted-contest-b")
+
+    def readings_only(proposal):
+        return ("approve", "", None) if reads_only(proposal.spec.get("operator")) else ("reject", "no", None)
+
+    def facts(svc: Service, evo_id: str) -> tuple[Any, ...]:
+        done = svc.store.get_evolution(evo_id)
+        row = done.iterations[0]
+        steps = [([c["operator"] for c in st["changes"]], st["kept"], (st["verdict"] or {}).get("wins"))
+                 for st in row["steps"]]
+        contest = {c["operator"]: (c["screened"] or {}).get("contest", {}).get("net")
+                   for st in row["steps"] for c in st["changes"]}
+        return (done.status, steps, contest, done.current_version, done.result["test_accuracy"],
+                done.result["spent"]["calls"], row["calls_by_phase"])
+
+    def cfg(suite: str) -> EvolveConfig:
+        return config(suite, models=list(models), val_limit=16, test_limit=16, charge_cached=True)
+
+    from storage import open_store
+    apart = open_store(f"sqlite:///{tmp_path / 'clean.db'}")
+    try:
+        svc, suite = two_readings_world(tmp_path, apart, models, ("wrapped", "bare"))
+        clean = Evolver(svc, reviewer=readings_only)
+        golden = facts(svc, clean.run(clean.create(cfg(suite)).id).id)
+    finally:
+        apart.close()
+    assert golden[1][0][:2] == (["choice_matching"], True) and golden[2]["choice_matching"] > 0, golden
+
+    from tests.test_faults import DyingStore, Killed
+    dying = DyingStore(store, "save_evolution", when=lambda evo: CONTEST_CRASHES[point](evo.result.get("cursor") or {}))
+    svc, suite = two_readings_world(tmp_path, dying, models, ("wrapped", "bare"))  # type: ignore[arg-type]
+    engine = Evolver(svc, reviewer=readings_only)
+    evo = engine.create(cfg(suite))
+    with pytest.raises(Killed):
+        engine.run(evo.id)
+    time.sleep(1.1)  # the dead engine's lease lapses
+    svc, _ = two_readings_world(tmp_path, store, models, ("wrapped", "bare"))
+    assert facts(svc, Evolver(svc, reviewer=readings_only).run(evo.id).id) == golden
 
 
 FIRST_NUMBER = '''
