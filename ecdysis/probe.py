@@ -54,7 +54,8 @@ def probe_clusters(clusters: Sequence[Cluster], files: Mapping[str, str], exempl
 def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exemplar],
           instances: Mapping[str, Instance], runner_for: Callable[[str], SmokeRunner]) -> Cluster:
     model = max(cluster.models.items(), key=lambda kv: (kv[1], kv[0]))[0]
-    members = train_failures(cluster, instances, model)[:PROBE_SIZE]
+    failures = train_failures(cluster, instances, model)
+    members = failures[:PROBE_SIZE]
     if len(members) < 2:
         return cluster
     try:
@@ -65,9 +66,13 @@ def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exempl
     record: dict[str, Any] = {"model": model, "members": [k for k, _ in members], "right": {}}
     unread = _answer_in_reply(cluster)
     for name, patched in _repairs(cluster, files, exemplars):
+        # A repair of reading asks the model what the batch asked: it is probed on every failure of
+        # the cluster's model, replaying requests paid for already; another on `PROBE_SIZE` of them.
+        members = failures if reads_only(name) else failures[:PROBE_SIZE]
         right, read = runner.right_and_read(patched, members)
         tried.append(f"{name} {len(right)}/{len(members)}")
         record["right"][name] = right
+        record.setdefault("probed", {})[name] = [k for k, _ in members]
         if unread and reads_only(name):
             record.setdefault("read", {})[name] = read
             if len(read) >= 2 and 2 * len(read) > len(members):
@@ -110,10 +115,14 @@ def reads_only(name: str | None) -> bool:
 def _repairs(cluster: Cluster, files: Mapping[str, str],
              exemplars: Sequence[Exemplar]) -> list[tuple[str, dict[str, str]]]:
     """The cluster's first `PROBE_OPERATORS` catalogue repairs that apply, are not in the harness
-    yet and add no model call (a probe of voting would cost five calls a member), with their files."""
+    yet and add no model call (a probe of voting would cost five calls a member), with their files;
+    then every other repair of reading that applies (`reads_only`): it asks the model nothing the
+    batch did not ask, so probing it costs no call."""
     out: list[tuple[str, dict[str, str]]] = []
     calls = expected_calls(files)
     for name in Ranking.for_cluster(cluster).names:
+        if len(out) >= PROBE_OPERATORS and not reads_only(name):
+            continue
         op = OPERATORS.get(name)
         inp = RepairInput(files, cluster, exemplars)
         if op is None or op.present(files) or op.unavailable(inp):
@@ -125,6 +134,4 @@ def _repairs(cluster: Cluster, files: Mapping[str, str],
         if expected_calls(patched) > calls:
             continue
         out.append((name, patched))
-        if len(out) >= PROBE_OPERATORS:
-            break
     return out

@@ -272,6 +272,12 @@ class SmokeRunner:
     limits: SandboxLimits = field(default_factory=lambda: SandboxLimits(timeout_s=60.0))
     scorers: dict[str, ScorerSpec] = field(default_factory=dict)  # suite name -> scorer
 
+    def suite_of(self, key: str) -> str:
+        """The suite of an instance key ("suite/instance id"): the longest suite name this runner
+        scores that the key starts with, since a suite named by its file's path holds "/" too."""
+        names = [name for name in self.scorers if key.startswith(f"{name}/")]
+        return max(names, key=len) if names else key.rsplit("/", 1)[0]
+
     def run(self, files: dict[str, str], instance: Instance, suite: str = "") -> CheckResult:
         outcome, calls, errors = self._solve(files, instance)
         if outcome.error_type or outcome.answer is None:
@@ -335,7 +341,7 @@ class SmokeRunner:
             if answer and conforms(answer, expected_shape(inst), inst):
                 read.append(key)
             # Scored as `run` scores a smoke run: the answer as the harness returned it.
-            if self._score(outcome.answer, inst, self.scorers.get(key.split("/", 1)[0])) == " (correct)":
+            if self._score(outcome.answer, inst, self.scorers.get(self.suite_of(key))) == " (correct)":
                 right.append(key)
         return right, read
 
@@ -383,7 +389,7 @@ class CriticChecks:
                     results.append(CheckResult("affordable", False, f"not affordable: {short}"))
                 else:
                     key = self._smoke_key(case)
-                    results.append(self.smoke.run(draft.files, self.index.instances[key], key.split("/", 1)[0]))
+                    results.append(self.smoke.run(draft.files, self.index.instances[key], self.smoke.suite_of(key)))
                     if results[-1].ok and more:
                         results.append(self._headroom(case, draft))
         results.append(self.leakage.check(diffs, draft.spec, self.index))
@@ -443,7 +449,7 @@ class CriticChecks:
         others = [e for e in case.exemplars if e.category not in case.cluster.categories] or list(case.exemplars)
         for ex in others[:2]:
             inst = self.index.instances.get(ex.key)
-            suite = ex.key.split("/", 1)[0]
+            suite = self.smoke.suite_of(ex.key)
             # Paired on the smoke model: the parent must pass where the patch fails (both cached).
             if (inst is not None and self.smoke.still_passes(draft.files, inst, suite) is False
                     and self.smoke.still_passes(dict(case.files), inst, suite)):

@@ -123,10 +123,12 @@ def test_a_union_of_small_one_model_patterns_is_probed_and_promoted(right: bool)
     [union] = [c for c in report.clusters if c.type == "off_format"]
     assert len(union.instances) == 4 and set(union.models) == {"alpha"}
     assert union.verdict == "harness-level", union.reason
-    assert union.reason.startswith("Readable by the harness: with answer_extraction, 3 of 3 of these failures on "
-                                   f"alpha now give an answer of the task's form, {3 if right else 0} of them right")
+    # A repair of reading replays the batch's requests: probed on all 4 of alpha's failures, not 3.
+    assert union.reason.startswith("Readable by the harness: with answer_extraction, 4 of 4 of these failures on "
+                                   f"alpha now give an answer of the task's form, {4 if right else 0} of them right")
     assert "merged from 2 smaller sub-patterns" in union.reason
-    assert union.probe["read"]["answer_extraction"] == union.probe["members"]
-    assert len(union.probe["right"]["answer_extraction"]) == (3 if right else 0)
+    assert union.probe["read"]["answer_extraction"] == union.probe["probed"]["answer_extraction"]
+    assert len(union.probe["members"]) == 3 and len(union.probe["probed"]["answer_extraction"]) == 4
+    assert len(union.probe["right"]["answer_extraction"]) == (4 if right else 0)
     mine = [p for p in report.proposals if p.cluster_id == union.id]
     assert mine and mine[0].spec.operator == union.probe["operator"]

@@ -863,13 +863,15 @@ CHOICE_REPLIES = {"bare": "{letter}", "wrapped": "Let me think about it.\nThe an
 
 
 def two_readings_world(tmp_path: Path, store, models: tuple[str, ...],
-                       batch: tuple[str, ...] = ("wrapped", "plural", "bare", "wrapped")) -> tuple[Service, str]:
+                       batch: tuple[str, ...] = ("wrapped", "plural", "bare", "wrapped"),
+                       bare: tuple[str, ...] = ()) -> tuple[Service, str]:
     """A multiple-choice suite answered by scripted models (all alike, so every cluster is shared
     across models) in one form per instance: "bare" (the option letter: right), "wrapped" (the
     letter below a first line of prose) or "plural" (the option's text in a sentence, pluralised).
     Answer extraction reads the wrapped letters; choice matching reads both, mapping the sentence
     to its closest option (and falling back to the answer the reply marks). The first batch takes
-    the forms of `batch` in turn; validation and test take the three forms in turn."""
+    the forms of `batch` in turn; validation and test take the three forms in turn. The models in
+    `bare` answer every question with its letter instead."""
     from ecdysis.runner import pick_instances
     suite = tmp_path / "fruit.jsonl"
     lines = [json.dumps({"ecdysis_suite": {"name": "fruit", "scorer": {"kind": "multiple_choice"}}})]
@@ -889,8 +891,9 @@ def two_readings_world(tmp_path: Path, store, models: tuple[str, ...],
     rules = [Rule(text=CHOICE_REPLIES[kinds[i.id]].format(letter="ABC"[list(i.choices).index(i.target)],
                                                          target=i.target), match=i.input)
              for i in loaded.instances]
+    letters = [Rule(text="ABC"[list(i.choices).index(i.target)], match=i.input) for i in loaded.instances]
     for model in models:
-        register_backend(ScriptedBackend(rules, model_id=model, default="I do not know."))
+        register_backend(ScriptedBackend(letters if model in bare else rules, model_id=model, default="I do not know."))
     return svc, str(suite)
 
 
@@ -953,6 +956,37 @@ def test_a_clusters_other_reading_repairs_are_tried_free_and_the_better_one_kept
                                            strategy="per-instance", label="pi")).id)
     made = [report_of(svc.get_diagnosis(d)) for d in searched.result["diagnoses"]]
     assert made and not any(r.patch(c.id).reading_ids for r in made for c in r.clusters)
+
+
+def test_a_one_model_cluster_that_a_later_reading_repair_recovers_is_the_harnesses(tmp_path: Path, store) -> None:
+    """One model writes each of its failing answers as the option's text in a sentence; the other
+    answers every question with its letter, so the cluster is that model's alone and needs the
+    recoverability probe. The probe's first two repairs (the format instruction, option scoring)
+    recover nothing on 3 failures; a repair of reading replays the batch's requests, so every one
+    that applies is probed too, on all 6 failures: extraction recovers none, choice matching 4. The
+    cluster becomes harness-level on that evidence, choice matching is kept (test 1.0, against 0.667
+    for the starter), and the reading repairs' probes and screens cost no call. Before, the probe stopped at two
+    repairs and three failures: the cluster stayed the model's, and nothing was kept. (The suite is
+    named by its file's path, which holds "/": its instances' scorer is found by the longest suite
+    name their key starts with; cut at the first "/", the probe scored no answer right.)"""
+    from ecdysis.diagnosis import report_of
+    models = ("planted-one-reader", "planted-letters")
+    svc, suite = two_readings_world(tmp_path, store, models, ("plural", "bare"), bare=("planted-letters",))
+    evo = Evolver(svc)
+    done = evo.run(evo.create(config(suite, models=list(models), val_limit=16, test_limit=16, auto_approve=True,
+                                     charge_cached=True)).id)
+    row = done.iterations[0]
+    [cluster] = report_of(svc.get_diagnosis(row["diagnosis_id"])).clusters
+    assert cluster.verdict == "harness-level" and set(cluster.models) == {"planted-one-reader"}, cluster.reason
+    assert cluster.reason.startswith("Recoverable by the harness: with choice_matching, 4 of 6 of these failures "
+                                     "on planted-one-reader come back right (probe)"), cluster.reason
+    assert {k: len(v) for k, v in cluster.probe["probed"].items()} == {
+        "answer_format_instruction": 3, "option_scoring": 3, "answer_extraction": 6, "choice_matching": 6}
+    assert not cluster.probe["right"]["answer_extraction"]
+    fate = {h["operator"]: h["outcome"] for h in row["history"]}
+    assert fate["choice_matching"] == "kept", row["history"]
+    assert done.result["base_test_accuracy"] < 0.67 and done.result["test_accuracy"] == 1.0
+    assert row["calls_by_phase"]["screen"] == 0 and row["calls_by_phase"]["validate"] == 24, row["calls_by_phase"]
 
 
 CONTEST_CRASHES = {

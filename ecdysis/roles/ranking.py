@@ -90,7 +90,7 @@ class Ranking:
         if probed:
             # The repair the recoverability probe saw bring most of these failures back comes first.
             right = len((cluster.probe.get("right") or {}).get(probed) or ())
-            members = len(cluster.probe.get("members") or ())
+            members = len((cluster.probe.get("probed") or {}).get(probed) or cluster.probe.get("members") or ())
             out.first(probed, f"the recoverability probe brought {right} of {members} of these failures back "
                       f"right with it on {cluster.probe.get('model', 'the probed model')}")
         return out
