@@ -70,6 +70,14 @@ ROUNDS = (
     Round("27", "compare_strategies_bbh_round27", "dc45e72", "(round 26's code on rounds 19 and 24's seeds)"),
     Round("28", "compare_strategies_bbh_round28", "dc45e72",
           "(round 26 again on seeds no run had used, planned before it ran)"),
+    Round("29", "compare_strategies_bbh_round29", "b3666e3",
+          "a cluster's other reading repairs drafted too, and validated side by side (round 27's seeds)"),
+    Round("30", "compare_strategies_bbh_round30", "b3666e3", "(round 29's code on seeds no run had used)"),
+    Round("31", "compare_strategies_bbh_round31", "b3666e3", "(round 29's code on round 28's seeds and windows)"),
+    Round("32", "compare_strategies_bbh_round32", "2ef19aa",
+          "every repair of reading probed, on all of a one-model cluster's failures (round 29's seeds)"),
+    Round("33", "compare_strategies_bbh_round33", "2ef19aa", "(round 32's code on round 30's seeds)"),
+    Round("34", "compare_strategies_bbh_round34", "2ef19aa", "(round 32's code on round 31's seeds and windows)"),
 )
 
 
