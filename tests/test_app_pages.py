@@ -943,6 +943,22 @@ def test_a_scoring_call_shows_its_options_and_scores_not_a_reply(ecdysis_home: P
     assert list(table["log-probability"]) == ["-20.000", "0.000"]
 
 
+def cluster_then_review(diagnosis_id: str, cluster_id: str, proposal_id: str) -> tuple[str, list[str], AppTest]:
+    """The Diagnoses page opened at one cluster (its text and its page links), then the Review page
+    opened at one proposal (the app, for its widgets)."""
+    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.session_state["_remember:diagnosis"] = diagnosis_id
+    at.session_state[f"_remember:cluster:{diagnosis_id}"] = cluster_id
+    at.run()
+    at.switch_page("../pages/3_diagnoses.py").run()
+    assert_clean(at)
+    page, links = texts(at), [e.proto.label for e in at.get("page_link")]
+    at.session_state["_remember:proposal"] = proposal_id
+    at.switch_page("../pages/4_review.py").run()
+    assert_clean(at)
+    return page, links, at
+
+
 def test_the_engines_alternative_reads_as_such_on_the_diagnoses_and_review_pages(ecdysis_home: Path,
                                                                                    svc: Service) -> None:
     """A role model that names one repair by habit: the cluster's conversation shows the roles'
@@ -966,20 +982,11 @@ def test_the_engines_alternative_reads_as_such_on_the_diagnoses_and_review_pages
     cluster = next(c for c in report.clusters if report.patch(c.id).alternative_id)
     theirs, mine = report.proposal_for(cluster.id), report.alternative_for(cluster.id)
     assert theirs.spec.operator == "retry_unparsable" and mine.spec.operator != theirs.spec.operator
-    at = AppTest.from_file(str(MAIN), default_timeout=60)
-    at.session_state["_remember:diagnosis"] = record.id
-    at.session_state[f"_remember:cluster:{record.id}"] = cluster.id
-    at.run()
-    at.switch_page("../pages/3_diagnoses.py").run()
-    assert_clean(at)
-    page = texts(at)
+    page, links, at = cluster_then_review(record.id, cluster.id, mine.id)
     assert f"**Final modification specification** — proposal `{theirs.id}`" in page
     assert f"**The engine's alternative** — proposal `{mine.id}`" in page
     assert "names retry_unparsable and was endorsed by the Critic" in page
-    assert "Review these proposals" in [e.proto.label for e in at.get("page_link")]
-    at.session_state["_remember:proposal"] = mine.id
-    at.switch_page("../pages/4_review.py").run()
-    assert_clean(at)
+    assert "Review these proposals" in links
     picker = by_label(at.selectbox, "Proposal")
     assert picker.value == mine.id and "the engine's alternative" in picker.format_func(mine.id)
     assert "the engine's alternative" not in picker.format_func(theirs.id)
@@ -999,20 +1006,11 @@ def test_another_reading_repair_reads_as_such_on_the_diagnoses_and_review_pages(
     report = views.report_of(record)
     cluster = next(c for c in report.clusters if report.patch(c.id).reading_ids)
     theirs, (sibling,) = report.proposal_for(cluster.id), report.readings_for(cluster.id)
-    at = AppTest.from_file(str(MAIN), default_timeout=60)
-    at.session_state["_remember:diagnosis"] = record.id
-    at.session_state[f"_remember:cluster:{record.id}"] = cluster.id
-    at.run()
-    at.switch_page("../pages/3_diagnoses.py").run()
-    assert_clean(at)
-    page = texts(at)
+    page, links, at = cluster_then_review(record.id, cluster.id, sibling.id)
     assert f"**Final modification specification** — proposal `{theirs.id}`" in page
     assert f"**Another reading repair** — proposal `{sibling.id}`" in page
     assert f"beside proposal {theirs.id} ({theirs.spec.operator})" in page
-    assert "Review these proposals" in [e.proto.label for e in at.get("page_link")]
-    at.session_state["_remember:proposal"] = sibling.id
-    at.switch_page("../pages/4_review.py").run()
-    assert_clean(at)
+    assert "Review these proposals" in links
     picker = by_label(at.selectbox, "Proposal")
     assert picker.value == sibling.id and picker.format_func(sibling.id).endswith("another reading repair")
     assert not picker.format_func(theirs.id).endswith("reading repair")
