@@ -303,11 +303,10 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
         emit({"type": "probed", "harness_level": sum(c.verdict == "harness-level" for c in clusters)})
     refiner = Refiner(backend, checks, max_rounds=max_rounds, respect_verdicts=only_instances is None, passes=passes)
     engine = HeuristicRoleBackend()
-    alternate = (Refiner(engine, checks, max_rounds=max_rounds, passes=passes)
-                 if alternatives and only_instances is None and max_proposals is None and backend.name != engine.name
-                 else None)
-    whole = alternatives and only_instances is None and max_proposals is None
-    readings = Refiner(engine, checks, max_rounds=max_rounds, passes=passes) if whole else None
+    # The engine's own roles, beside whatever plays them, in a whole-batch diagnosis.
+    readings = (Refiner(engine, checks, max_rounds=max_rounds, passes=passes)
+                if alternatives and only_instances is None and max_proposals is None else None)
+    alternate = readings if backend.name != engine.name else None
     outcomes, proposals = _refine_all(clusters, batch, exemplars, refiner, max_proposals, emit,
                                       [dict(h) for h in history], alternate, readings)
     report = DiagnosisReport(
@@ -346,8 +345,7 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
             outcomes[cluster.id] = {"proposal_id": None, "no_patch_reason": why}
             continue
         emit({"type": "refining", "cluster_id": cluster.id})
-        case = CaseFile(cluster=cluster, files=dict(batch.harness.files), harness_version=batch.harness.id,
-                        batch=batch.context, exemplars=exemplars, history=history)
+        case = _case(cluster, batch, exemplars, history)
         outcome: RefineOutcome = refiner.refine(case)
         entry: dict[str, Any] = {"proposal_id": None, "no_patch_reason": outcome.no_patch_reason}
         if outcome.proposal is not None:
@@ -376,6 +374,13 @@ def _refine_all(clusters: Sequence[Cluster], batch: _Batch, exemplars: list[Exem
     return outcomes, proposals
 
 
+def _case(cluster: Cluster, batch: _Batch, exemplars: list[Exemplar], history: list[dict[str, Any]],
+          only_operators: tuple[str, ...] = ()) -> CaseFile:
+    """A new case file of one cluster of the batch, for one refinement."""
+    return CaseFile(cluster=cluster, files=dict(batch.harness.files), harness_version=batch.harness.id,
+                    batch=batch.context, exemplars=exemplars, history=history, only_operators=only_operators)
+
+
 def _place(proposal: Proposal, proposals: list[Proposal]) -> Proposal:
     """The endorsed proposal already made with the same patch (clusters that want the same repair
     share it), else `proposal`, appended."""
@@ -395,14 +400,11 @@ def _engine_alternative(alternate: Refiner, cluster: Cluster, batch: _Batch, exe
     closed answers, where option scoring ranks first), and a batch can afford to screen both:
     a screen costs about a tenth of a validation. Neither proposal is preferred; each is screened
     alone and the human gate sees both. None when the engine has no endorsed repair, or the same."""
-    def fresh() -> CaseFile:
-        return CaseFile(cluster=cluster, files=dict(batch.harness.files), harness_version=batch.harness.id,
-                        batch=batch.context, exemplars=exemplars, history=history)
     theirs = roles.proposal
     endorsed = theirs if theirs is not None and theirs.status == "endorsed" else None
-    if endorsed is not None and propose(fresh()).get("files") == endorsed.files:
+    if endorsed is not None and propose(_case(cluster, batch, exemplars, history)).get("files") == endorsed.files:
         return None  # the roles chose the engine's first pick: nothing to draft, no smoke run to pay
-    mine = alternate.refine(fresh()).proposal
+    mine = alternate.refine(_case(cluster, batch, exemplars, history)).proposal
     if mine is None or mine.status != "endorsed" or (endorsed is not None and endorsed.files == mine.files):
         return None
     operator = mine.spec.operator or "a hand-written change"
@@ -440,9 +442,7 @@ def _reading_siblings(engine: Refiner, cluster: Cluster, batch: _Batch, exemplar
     for name in Ranking.for_cluster(cluster).names:
         if not reads_only(name) or name in have:
             continue
-        case = CaseFile(cluster=cluster, files=dict(batch.harness.files), harness_version=batch.harness.id,
-                        batch=batch.context, exemplars=exemplars, history=history, only_operators=(name,))
-        mine = engine.refine(case).proposal
+        mine = engine.refine(_case(cluster, batch, exemplars, history, only_operators=(name,))).proposal
         if mine is None or mine.status != "endorsed" or any(p.files == mine.files for p in endorsed + out):
             continue
         first = next(p for p in endorsed if reads_only(p.spec.operator))

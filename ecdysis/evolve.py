@@ -721,12 +721,10 @@ class Evolver:
         the gate still judges the first on its own, and the others are screened again on top of it
         when it is kept. Left as they are when the validation of the first does not fit the budget."""
         screened: dict[str, dict[str, Any]] = cur.get("screen", {})
-
-        def reading(pid: str) -> bool:
-            proposal = self.store.get_proposal(pid)
-            return (proposal is not None and reads_only(proposal.spec.get("operator"))
-                    and _last_approval(self.store, pid) != "edit" and bool(screened.get(pid, {}).get("candidate")))
-        readings = [pid for pid in ordered if reading(pid)]
+        operators = {pid: str(p.spec.get("operator") or "") if (p := self.store.get_proposal(pid)) else ""
+                     for pid in ordered}
+        readings = [pid for pid in ordered if reads_only(operators[pid]) and _last_approval(self.store, pid) != "edit"
+                    and screened.get(pid, {}).get("candidate")]
         if len(readings) < 2:
             return ordered
         parent = self.svc.harness(evo.current_version)
@@ -743,20 +741,17 @@ class Evolver:
                                                          budget, split="validation", owner=evo.id))
             after = self._results(self._ensure_runs(cur, f"contest:{pid}@{parent.id}", candidate, instances, cfg,
                                                     budget, split="validation", owner=evo.id))
-            keys = sorted(set(before) & set(after))
-            _, wins, losses = paired({k: before[k].correct for k in keys}, {k: after[k].correct for k in keys})
-            screened[pid]["contest"] = {"against": parent.id, "n": len(keys), "wins": wins, "losses": losses,
-                                        "net": wins - losses}
-            gains[pid] = wins - losses
-            cur["contest_calls"] = cur.get("contest_calls", 0) + self._spent()["calls"] - spent
-            spent = self._spent()["calls"]
+            screened[pid]["contest"] = {"against": parent.id, **_net(before, after)}
+            gains[pid] = screened[pid]["contest"]["net"]
+            now = self._spent()["calls"]
+            cur["contest_calls"] = cur.get("contest_calls", 0) + now - spent
+            spent = now
             self._save_cursor_only(cur)
         if len(gains) < 2:
             return ordered
         for pid in gains:
             screened[pid]["contest"]["rivals"] = [
-                {"proposal_id": other, "operator": str(getattr(self.store.get_proposal(other), "spec", {})
-                                                       .get("operator") or ""),
+                {"proposal_id": other, "operator": operators[other],
                  **{k: screened[other]["contest"][k] for k in ("wins", "losses", "net")}}
                 for other in gains if other != pid]
         self._save_cursor_only(cur)
@@ -767,10 +762,7 @@ class Evolver:
     def _over(self, together: dict[str, Any], single: dict[PairKey, Any]) -> dict[str, Any]:
         """A pair's screened outcomes paired against one member's alone, on the outcomes both have
         (paid for already)."""
-        mine = self._paid_results(together["candidate"], "train")
-        keys = sorted(k for k in mine if k in single)
-        _, wins, losses = paired({k: single[k].correct for k in keys}, {k: mine[k].correct for k in keys})
-        return {"n": len(keys), "wins": wins, "losses": losses, "net": wins - losses}
+        return _net(single, self._paid_results(together["candidate"], "train"))
 
     def _near_misses(self, evo: EvolutionRecord, cfg: EvolveConfig, cur: dict[str, Any]) -> list[dict[str, Any]]:
         """Changes validated alone on the version kept so far and refused, but not for a loss the
@@ -938,8 +930,8 @@ class Evolver:
         for did in cur.get("diagnosis_ids") or [cur.get("diagnosis_id", "")]:
             rec = self.store.get_diagnosis(did)
             for c in (rec.report.get("clusters", []) if rec else []):
-                patch = c.get("patch") or {}
-                if pid in (patch.get("proposal_id"), patch.get("alternative_id"), *(patch.get("reading_ids") or ())):
+                patch = diagnosis.PatchOutcome.parse(c.get("patch"))
+                if pid in (patch.proposal_id, patch.alternative_id, *patch.reading_ids):
                     out |= set(c.get("instances", []))
         return out
 
@@ -1385,6 +1377,13 @@ class Evolver:
         evo = getattr(self, "_current", None)
         if evo is not None and evo.result.get("cursor") is cur:
             self._save(evo)
+
+
+def _net(before: dict[PairKey, Any], after: dict[PairKey, Any]) -> dict[str, int]:
+    """Two sets of results paired on the outcomes both have: n, wins, losses and net of `after`."""
+    keys = sorted(k for k in after if k in before)
+    _, wins, losses = paired({k: before[k].correct for k in keys}, {k: after[k].correct for k in keys})
+    return {"n": len(keys), "wins": wins, "losses": losses, "net": wins - losses}
 
 
 def _newly_read(operator: str | None, own: list[Instance], models: list[str], parent: dict[PairKey, Any],
