@@ -897,6 +897,15 @@ def two_readings_world(tmp_path: Path, store, models: tuple[str, ...],
     return svc, str(suite)
 
 
+def readings_only(proposal):
+    """A reviewer who approves the repairs of reading only: the other clusters' prompt repairs
+    would cost screening calls."""
+    from ecdysis.probe import reads_only
+    if reads_only(proposal.spec.get("operator")):
+        return "approve", "", None
+    return "reject", "reading repairs only here", None
+
+
 @pytest.mark.parametrize("batch", [("wrapped", "plural", "bare", "wrapped"), ("wrapped", "bare")],
                          ids=["the batch tells them apart", "only validation does"])
 def test_a_clusters_other_reading_repairs_are_tried_free_and_the_better_one_kept(tmp_path: Path, store,
@@ -913,15 +922,8 @@ def test_a_clusters_other_reading_repairs_are_tried_free_and_the_better_one_kept
     all. A per-instance search, one proposal a scope, gets no sibling."""
     from app import views
     from ecdysis.diagnosis import READING_NOTE, report_of
-    from ecdysis.probe import reads_only
     models = ("planted-reads-a", "planted-reads-b")
     svc, suite = two_readings_world(tmp_path, store, models, batch)
-
-    def readings_only(proposal):  # the other clusters' prompt repairs would cost screening calls
-        if reads_only(proposal.spec.get("operator")):
-            return "approve", "", None
-        return "reject", "reading repairs only here", None
-
     evo = Evolver(svc, reviewer=readings_only)
     done = evo.run(evo.create(config(suite, models=list(models), val_limit=16, test_limit=16,
                                      charge_cached=True)).id)
@@ -1004,12 +1006,8 @@ def test_reading_repairs_killed_while_validated_side_by_side_resume_to_the_clean
     """Killed right after a write of the readings' side-by-side validation (one validated, or all
     ranked but not yet queued) and resumed by a new engine: the same order, verdicts, kept harness
     and spending as without the kill, the runs made before the kill reused and not paid twice."""
-    from ecdysis.probe import reads_only
     monkeypatch.setenv("ECDYSIS_LEASE_TTL", "1.0")
     models = ("planted-contest-a", "planted-contest-b")
-
-    def readings_only(proposal):
-        return ("approve", "", None) if reads_only(proposal.spec.get("operator")) else ("reject", "no", None)
 
     def facts(svc: Service, evo_id: str) -> tuple[Any, ...]:
         done = svc.store.get_evolution(evo_id)
