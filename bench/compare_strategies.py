@@ -19,9 +19,10 @@ Fairness:
 
 Figures, per suite and baseline B:
 - held-out test accuracy per strategy: the mean over seeds, with a 95 % bootstrap interval
-  (test instances resampled within each seed, the seeds kept), and a wider one across seeds
-  (the seeds resampled too, then instances within each): the first says how sure the figure is
-  on these seeds and held-out sets, the second whether it would hold on others;
+  (test instances resampled, each with both models' outcomes, and drawn alike in every seed that
+  tests on it; the seeds kept), and a wider one across seeds (the seeds resampled too): the first
+  says how sure the figure is on these seeds and held-out sets, the second whether it would hold
+  on others;
 - test delta (Ecdysis - B) in points: paired on the same test instances, same two intervals;
 - held-out sets: one window of each split for every seed (`--holdout-window`), or with
   `--rotate-holdout K` window `seed mod K` for seed `seed`, so that the seeds vary the
@@ -37,12 +38,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -155,26 +155,59 @@ def base_val(svc: Any, args: argparse.Namespace, suite: str, window: int) -> flo
 
 
 def outcomes(svc: Any, run_ids: Sequence[str]) -> dict[tuple[str, str], float]:
-    return {(r.model, r.instance_id): float(r.correct) for rid in run_ids for r in svc.store.get_results(rid)}
+    return outcomes_in(svc.store, run_ids)
 
 
-def bootstrap(per_seed: list[list[float]], rounds: int = 2000, seed: int = 7, *,
+def outcomes_in(store: Any, run_ids: Sequence[str]) -> dict[tuple[str, str], float]:
+    """Each test outcome of the runs, keyed by (model, instance)."""
+    return {(r.model, r.instance_id): float(r.correct) for rid in run_ids for r in store.get_results(rid)}
+
+
+def unit_of(key: Any) -> Any:
+    """What one draw of the bootstrap takes: a test instance, with every model's outcome on it (a
+    `(model, instance)` key's instance), since the models answer the same question; any other
+    key is its own unit."""
+    return key[-1] if isinstance(key, tuple) and len(key) == 2 else key
+
+
+def bootstrap(per_seed: Sequence[Mapping[Any, float] | Sequence[float]], rounds: int = 2000, seed: int = 7, *,
               seeds_too: bool = False) -> tuple[float, list[float]]:
-    """Mean over seeds of each seed's mean, and its 95 % interval, resampling values within seeds;
-    with `seeds_too`, each round first draws the seeds with replacement (a two-level bootstrap:
-    how far the mean moves on other seeds, held-out windows and instances)."""
-    per_seed = [values for values in per_seed if values]
-    if not per_seed:
+    """Mean over seeds of each seed's mean, and its 95 % interval. Each round draws every test
+    instance a Poisson(1) number of times, the same number in every seed that holds it (a seed's
+    values keyed by `(model, instance)`; a plain list's values are that seed's alone): seeds that
+    share held-out instances share their draws, so a set of instances tested under 12 seeds counts
+    as one set, not as 12 (resampled apart, as up to round 34, the seeds of one held-out window
+    made the interval several times too narrow). With `seeds_too`, each round first draws the
+    seeds with replacement (a two-level bootstrap: how far the mean moves on other seeds,
+    held-out windows and instances)."""
+    import numpy as np
+
+    keyed = [dict(v) if isinstance(v, Mapping) else {("list", i, j): x for j, x in enumerate(v)}
+             for i, v in enumerate(per_seed)]
+    keyed = [v for v in keyed if v]
+    if not keyed:
         return 0.0, [0.0, 0.0]
-    rng = random.Random(seed)
-    mean = sum(sum(v) / len(v) for v in per_seed) / len(per_seed)
-    stats = sorted(sum(sum(rng.choices(v, k=len(v))) / len(v) for v in
-                       (rng.choices(per_seed, k=len(per_seed)) if seeds_too else per_seed)) / len(per_seed)
-                   for _ in range(rounds))
-    return round(mean, 4), [round(stats[int(0.025 * rounds)], 4), round(stats[int(0.975 * rounds) - 1], 4)]
+    units = sorted({unit_of(k) for v in keyed for k in v}, key=repr)
+    column = {u: i for i, u in enumerate(units)}
+    rng = np.random.default_rng(seed)
+    weights = rng.poisson(1.0, size=(rounds, len(units))).astype(float)
+    means = []
+    for values in keyed:
+        cols = np.array([column[unit_of(k)] for k in values])
+        x = np.array(list(values.values()), dtype=float)
+        w = weights[:, cols]
+        total = w.sum(axis=1)
+        # A round that draws none of a seed's instances (only likely for a handful) gives its plain mean.
+        means.append(np.where(total > 0, (w @ x) / np.where(total > 0, total, 1.0), x.mean()))
+    by_seed = np.stack(means, axis=1)
+    if seeds_too:
+        by_seed = np.take_along_axis(by_seed, rng.integers(0, len(keyed), size=by_seed.shape), axis=1)
+    stats = np.sort(by_seed.mean(axis=1))
+    mean = sum(sum(v.values()) / len(v) for v in keyed) / len(keyed)
+    return round(mean, 4), [round(float(stats[int(0.025 * rounds)]), 4), round(float(stats[int(0.975 * rounds) - 1]), 4)]
 
 
-def intervals(per_seed: list[list[float]]) -> dict[str, Any]:
+def intervals(per_seed: Sequence[Mapping[Any, float]]) -> dict[str, Any]:
     """`{mean, ci95, ci95_seeds}`: the interval on these seeds, and the one across seeds."""
     m, ci = bootstrap(per_seed)
     return {"mean": m, "ci95": ci, "ci95_seeds": bootstrap(per_seed, seeds_too=True)[1]}
@@ -201,7 +234,7 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
     tests = {key: outcomes(svc, list(evo.outcome.test_runs)) for key, evo in evos.items()}
     curves = {key: curve(evo, start_of[key[1]]) for key, evo in evos.items()}
     for name in strategies:
-        per_seed = [list(tests[(name, s)].values()) for s in seeds if (name, s) in tests]
+        per_seed = [tests[(name, s)] for s in seeds if (name, s) in tests]
         runs = [evos[(name, s)] for s in seeds if (name, s) in evos]
         out["strategies"][name] = {
             "test_accuracy": intervals(per_seed),
@@ -219,9 +252,7 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
     for base in [b for b in BASELINES if b in strategies and "ecdysis" in strategies]:
         deltas, ups = [], []
         for s in seeds:
-            ours, theirs = tests.get(("ecdysis", s), {}), tests.get((base, s), {})
-            keys = sorted(set(ours) & set(theirs))
-            deltas.append([100 * (ours[k] - theirs[k]) for k in keys])
+            deltas.append(paired(tests.get(("ecdysis", s), {}), tests.get((base, s), {})))
             if ("ecdysis", s) in curves and (base, s) in curves:
                 ups.append(speedup(curves[(base, s)], curves[("ecdysis", s)], start_of[s]))
         out["comparison"][base] = {"test_delta_points": intervals(deltas),
@@ -229,6 +260,11 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
                                    "speedup_seconds": mean([u["seconds"] for u in ups]),
                                    "per_seed": ups}
     return out
+
+
+def paired(ours: Mapping[Any, float], theirs: Mapping[Any, float]) -> dict[Any, float]:
+    """Ecdysis's outcome minus the baseline's, in points, on each test outcome both have."""
+    return {k: 100 * (ours[k] - theirs[k]) for k in sorted(set(ours) & set(theirs))}
 
 
 def seed_facts(evo: Any) -> dict[str, Any]:
@@ -279,7 +315,7 @@ def markdown(result: dict[str, Any]) -> str:
              + "budget "
              f"{cfg['budget']} model calls a strategy; seeds planned: {', '.join(planned) or 'none'}; "
              f"{result['measured']}; load {result['machine']['load_before']}→{result['machine']['load_after']}, "
-             f"CPU steal {result['machine']['steal_pct']} %."]
+             f"CPU steal {result['machine']['steal_pct']} %. " + intervals_said(result)]
     for suite, per in result["suites"].items():
         for roles, block in per.items():
             old = block.get("carried_over")
@@ -325,7 +361,11 @@ def _why(cmp: dict[str, Any]) -> str:
 def merge(top: dict[str, Any], suite: str, roles: str, block: dict[str, Any]) -> None:
     top.setdefault("suites", {}).setdefault(suite, {})[roles] = block
     top["seeds"] = sorted({s for per in top["suites"].values() for b in per.values() for s in b["seeds"]})
-    # The headline shape: the first suite's heuristic-roles figures.
+    headline(top)
+
+
+def headline(top: dict[str, Any]) -> None:
+    """The headline shape: the first suite's heuristic-roles figures."""
     first = next(iter(top["suites"].values()))
     head = first.get("heuristic") or next(iter(first.values()))
     top["strategies"], top["comparison"] = head["strategies"], head["comparison"]
@@ -355,6 +395,62 @@ def rerender(path: Path, store: Any = None) -> str:
     result = json.loads(path.read_text())
     if store is not None and backfill_seed_facts(result, store):
         path.write_text(json.dumps(result, indent=2) + "\n")
+    table = markdown(result)
+    path.with_suffix(".md").write_text(table)
+    return table
+
+
+INTERVALS = ("test instances resampled with both models' outcomes, each drawn alike in every seed that "
+             "tests on it")
+
+
+def intervals_said(result: dict[str, Any]) -> str:
+    """How the file's 95 % intervals were drawn, for its table's first line."""
+    got = result.get("intervals")
+    if not got:
+        return ("Intervals: test outcomes resampled one by one within each seed, the two models' outcomes on an "
+                "instance apart and each seed apart from seeds that test on the same instances (too narrow where "
+                "there are several seeds or models).")
+    again = f" (recomputed {got['recomputed']})" if got.get("recomputed") else ""
+    left = (f"; not recomputed, the evolutions gone with the machine they ran on: {', '.join(got['not_recomputed'])}"
+            if got.get("not_recomputed") else "")
+    return f"Intervals: {got['method']}{again}{left}."
+
+
+def reinterval(path: Path, store: Any) -> str:
+    """Recompute the intervals of a stored results JSON from its evolutions' test outcomes in
+    `store` (files written before `bootstrap` drew a held-out instance alike in every seed that
+    tests on it), write it back with its Markdown table, and return the table. The means are
+    recomputed too and must come out as stored; a block whose evolutions the store does not hold
+    all of is left as it was and listed under `intervals.not_recomputed` (a file with no such block
+    is not written)."""
+    result = json.loads(path.read_text())
+    skipped, blocks = [], 0
+    for suite, per in result.get("suites", {}).items():
+        for roles, block in per.items():
+            evos = {name: [store.get_evolution(i) for i in st.get("evolutions", [])]
+                    for name, st in block["strategies"].items()}
+            blocks += 1
+            if any(e is None for got in evos.values() for e in got):
+                skipped.append(f"{suite} ({roles})")
+                continue
+            tests = {(name, e.config["seed"]): outcomes_in(store, list(e.outcome.test_runs))
+                     for name, got in evos.items() for e in got}
+            seeds = block["seeds"]
+            for name, st in block["strategies"].items():
+                figure = intervals([tests[(name, s)] for s in seeds if (name, s) in tests])
+                if abs(figure["mean"] - st["test_accuracy"]["mean"]) > 1e-3:
+                    raise ValueError(f"{path.name}, {suite}, {name}: stored outcomes give a mean test accuracy of "
+                                     f"{figure['mean']}, the file {st['test_accuracy']['mean']}")
+                st["test_accuracy"] = figure
+            for base, cmp in block["comparison"].items():
+                cmp["test_delta_points"] = intervals([paired(tests[("ecdysis", s)], tests[(base, s)]) for s in seeds
+                                                      if ("ecdysis", s) in tests and (base, s) in tests])
+    if len(skipped) == blocks:
+        return markdown(result)
+    result["intervals"] = {"method": INTERVALS, "recomputed": now(), **({"not_recomputed": skipped} if skipped else {})}
+    headline(result)
+    path.write_text(json.dumps(result, indent=2) + "\n")
     table = markdown(result)
     path.with_suffix(".md").write_text(table)
     return table
@@ -422,10 +518,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only write the Markdown table of this results file again (with --home, first "
                              "fill in each seed's spending, kept changes and stop, for a file written before "
                              "they were recorded)")
+    parser.add_argument("--reinterval", nargs="+", default=None, metavar="JSON",
+                        help="only recompute these results files' intervals from their evolutions in --home "
+                             "(files written before a held-out instance was drawn alike in every seed), and "
+                             "write each back with its Markdown table")
     args = parser.parse_args(argv)
     if args.rotate_holdout > 1 and args.holdout_window:
         parser.error("--rotate-holdout picks each seed's held-out window; leave --holdout-window at 0")
     from storage import open_store
+    if args.reinterval:
+        if not args.home:
+            parser.error("--reinterval reads the evolutions of --home")
+        store = open_store(home_settings(args.home).database_url)
+        for name in args.reinterval:
+            before = Path(name).read_text()
+            reinterval(Path(name), store)
+            print(f"{'recomputed' if Path(name).read_text() != before else 'left as it was'}: {name}", flush=True)
+        return 0
     if args.rerender:
         store = open_store(home_settings(args.home).database_url) if args.home else None
         print(rerender(Path(args.rerender), store), end="")
@@ -441,7 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     svc = Service(open_store(settings.database_url), settings)
     cpu0, load0, started = cpu_counters(), load_average(), time.perf_counter()
     result: dict[str, Any] = {"config": {k: v for k, v in vars(args).items()
-                                         if k not in ("home", "out", "keep_from", "rerender")}}
+                                         if k not in ("home", "out", "keep_from", "rerender", "reinterval")},
+                              "intervals": {"method": INTERVALS}}
     measured = ["heuristic"] * bool(args.seeds) + [args.llm_roles] * bool(args.llm_roles and args.llm_roles_seeds)
     kept = carried_over(Path(args.keep_from), args.suite, measured) if args.keep_from else {}
     for suite in args.suite:

@@ -94,7 +94,7 @@ def _delta(comparison: dict, baseline: str) -> str:
     d = c["test_delta_points"]
     lo, hi = d["ci95"]
     text = f"{d['mean']:+.1f} [{lo:+.1f}, {hi:+.1f}]"
-    wide = d.get("ci95_seeds")  # recorded from round 25: seeds resampled too
+    wide = d.get("ci95_seeds")  # seeds resampled too (every round's file, once its intervals were recomputed)
     if wide:
         text += f"; across seeds [{wide[0]:+.1f}, {wide[1]:+.1f}]"
     # bold: an interval that excludes no gain (both, where both were recorded)
@@ -129,9 +129,11 @@ def render() -> str:
             "|---|---|---|---|---|---:|---:|---:|---|---|---|")
     rows = [line for r in ROUNDS if (line := row(r)) is not None]
     note = ("Mean test accuracy over the round's seeds; deltas are paired on the same test instances with "
-            "95 % bootstrap intervals (test instances resampled within each seed; from round 25 also across "
-            "seeds, the seeds resampled first), in bold where the interval (both, where both are given) "
-            "excludes no gain. BBH: "
+            "95 % bootstrap intervals (test instances resampled, each with both models' outcomes and drawn "
+            "alike in every seed that tests on it; across seeds, the seeds resampled first), in bold where both "
+            "intervals exclude no gain. Recomputed on 2026-12-06 from the stored outcomes: until then each seed's "
+            "instances were drawn apart, which made the intervals of seeds sharing a test window several times "
+            "too narrow. BBH: "
             "date_understanding, formal_fallacies, navigate. Drawn: movie_recommendation, "
             "tracking_shuffled_objects_three_objects, object_counting, web_of_lies "
             "(`bench/draw_tasks.py --source bbh --seed ecdysis-bbh-round13`). Drawn 2: hyperbaton, "

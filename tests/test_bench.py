@@ -28,13 +28,19 @@ def test_readme_benchmark_sections_are_the_committed_results() -> None:
 
 def test_the_table_of_strategy_rounds_is_what_the_results_files_say(tmp_path: Path) -> None:
     """The README's summary of the BIG-Bench Hard rounds is generated from their results files: a
-    stale table fails, and each row carries the file's own figures (round 14+15's paired delta)."""
+    stale table fails, and each row carries the file's own figures (round 14+15's paired deltas), in
+    bold only where both intervals exclude no gain."""
     import strategy_rounds
     assert strategy_rounds.OUT.read_text() == strategy_rounds.render(), "run python bench/strategy_rounds.py"
     data = json.loads((ROOT / "bench/results/compare_strategies_bbh_round14_15.json").read_text())
-    d = data["comparison"]["per-instance"]["test_delta_points"]
     line = strategy_rounds.row(next(r for r in strategy_rounds.ROUNDS if r.name == "14+15"))
-    assert line is not None and f"**{d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]**" in line
+    assert line is not None
+    for base in ("per-instance", "self-evolution"):
+        d = data["comparison"][base]["test_delta_points"]
+        text = (f"{d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]; "
+                f"across seeds [{d['ci95_seeds'][0]:+.1f}, {d['ci95_seeds'][1]:+.1f}]")
+        bold = d["ci95"][0] > 0 and d["ci95_seeds"][0] > 0
+        assert (f"**{text}**" if bold else f"| {text} |") in line, base
     assert "| 34–45 |" in line and "`b11fa19`" in line
     missing = strategy_rounds.Round("99", "no_such_results", "0000000", "nothing")
     assert strategy_rounds.row(missing) is None  # a round not yet run has no row

@@ -213,3 +213,64 @@ def test_the_interval_across_seeds_carries_what_differs_between_seeds() -> None:
     _, across = compare_strategies.bootstrap([[1.0] * 20, [0.0] * 20, [1.0] * 20, [0.0] * 20], seeds_too=True)
     assert m == 0.5 and within == [0.5, 0.5]
     assert across[0] <= 0.25 and across[1] >= 0.75
+
+
+def test_seeds_that_test_on_the_same_instances_count_them_once() -> None:
+    """Twelve seeds on one test window are one test set, not twelve: drawn alike in every seed,
+    their interval is a single seed's. Twelve seeds on instances of their own narrow it, as
+    resampling the shared window apart in each seed wrongly did; and a question both models
+    answered is one draw, not two."""
+    import random
+    rng = random.Random(3)
+    one = {("qwen", f"q{k}"): float(rng.random() < 0.4) for k in range(100)}
+    single = compare_strategies.bootstrap([one])
+    width = single[1][1] - single[1][0]
+    assert compare_strategies.bootstrap([one] * 12) == single
+    assert compare_strategies.bootstrap([one] * 12, seeds_too=True)[1] == single[1]
+    own = [{("qwen", f"seed{s}-{i}"): v for (_, i), v in one.items()} for s in range(12)]
+    for narrower in (compare_strategies.bootstrap(own)[1], compare_strategies.bootstrap([list(one.values())] * 12)[1]):
+        assert narrower[1] - narrower[0] < width / 2
+    both = {**one, **{("smollm2", i): v for (_, i), v in one.items()}}
+    assert compare_strategies.bootstrap([both]) == single
+
+
+def test_a_results_file_gets_its_intervals_recomputed_from_its_stored_evolutions(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """`--reinterval`: a file written with intervals drawn apart in each seed is recomputed from
+    its evolutions' test outcomes to what a run today writes, and says so; a file whose evolutions
+    another home does not hold is left as it was, and one whose stored outcomes disagree with its
+    means is refused."""
+    suite, script, home, out = wrapped_answers(tmp_path, monkeypatch)
+    assert compare_strategies.main(["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}",
+                                    "--strategy", "ecdysis", "--strategy", "per-instance", "--home", str(home),
+                                    "--out", str(out)]) == 0
+    path = out / "compare_strategies.json"
+    fresh = json.loads(path.read_text())
+    assert fresh["intervals"] == {"method": compare_strategies.INTERVALS}
+    old = json.loads(path.read_text())
+    del old["intervals"]
+    block = old["suites"]["arithmetic"]["heuristic"]
+    for figure in (block["strategies"]["ecdysis"]["test_accuracy"],
+                   block["comparison"]["per-instance"]["test_delta_points"]):
+        figure["ci95"] = [figure["mean"], figure["mean"]]
+        figure.pop("ci95_seeds", None)
+    path.write_text(json.dumps(old))
+    assert "apart" in compare_strategies.rerender(path).splitlines()[0]
+
+    other = tmp_path / "other"
+    assert compare_strategies.main(["--home", str(other), "--reinterval", str(path)]) == 0
+    assert json.loads(path.read_text()) == old
+
+    assert compare_strategies.main(["--home", str(home), "--reinterval", str(path)]) == 0
+    again = json.loads(path.read_text())
+    assert again["intervals"]["method"] == compare_strategies.INTERVALS and again["intervals"]["recomputed"]
+    ours = fresh["suites"]["arithmetic"]["heuristic"]
+    assert again["suites"]["arithmetic"]["heuristic"]["strategies"] == ours["strategies"]
+    assert again["suites"]["arithmetic"]["heuristic"]["comparison"] == ours["comparison"]
+    assert again["comparison"] == fresh["comparison"]
+    assert "(recomputed " in (out / "compare_strategies.md").read_text().splitlines()[0]
+
+    again["suites"]["arithmetic"]["heuristic"]["strategies"]["ecdysis"]["test_accuracy"]["mean"] = 0.123
+    path.write_text(json.dumps(again))
+    with pytest.raises(ValueError, match="stored outcomes give a mean test accuracy"):
+        compare_strategies.main(["--home", str(home), "--reinterval", str(path)])
