@@ -23,7 +23,7 @@ from ecdysis import diagnosis, lifecycle
 from ecdysis.diffs import FileDiff, apply_diffs
 from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, InputError
 from ecdysis.gate import (DEFAULT_K, POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, call_cost,
-                          calls_per_instance, cost_shortfall, decide, paired)
+                          calls_per_instance, cost_shortfall, decide, errors_said, paired)
 from ecdysis.harness import harness_id, new_version
 from ecdysis.harness import params as harness_params
 from ecdysis.leases import Held, evolution_key
@@ -884,7 +884,7 @@ class Evolver:
                   "losses": losses, "net": net, **cost}
         pooled = f", {earlier} of them from earlier batches" if earlier else ""
         measured = f"net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired{pooled})"
-        errors = f"{cfg.screen_k:g} standard error{'' if cfg.screen_k == 1 else 's'} ({spread / (cfg.screen_k or 1):.2f})"
+        errors = errors_said(cfg.screen_k, math.sqrt(wins + losses))
         how = "screened alone" if group is None else "screened together"
         if wins < cfg.screen_min_wins:
             # Edited by a person, the files are no longer the catalogue repair its operator names.

@@ -56,6 +56,14 @@ def cost_shortfall(gain: float, extra_calls: float, min_gain_per_call: float) ->
             f"the {100 * needed:.1f} points that many calls must buy ({100 * min_gain_per_call:g} a call)")
 
 
+def errors_said(k: float, se: float) -> str:
+    """`k` standard errors of no change, with what they come to: "2 standard errors (2 x 1.41 =
+    2.83)" (said as "(1.41)" alone, the figure read as the two errors' bound)."""
+    if k == 1:
+        return f"1 standard error ({se:.2f})"
+    return f"{k:g} standard errors ({k:g} x {se:.2f} = {k * se:.2f})"
+
+
 class AcceptancePolicy(Protocol):
     name: str
 
@@ -107,12 +115,12 @@ class PairedSignGate:
         if net < self.min_net:
             return _verdict(self.name, False, f"net gain {net:+d} ({wins} won, {losses} lost) is below "
                             f"the minimum of {self.min_net}", parent, candidate)
-        errors = f"{self.k:g} standard error{'' if self.k == 1 else 's'}"
+        errors = errors_said(self.k, se)
         if net <= self.k * se:
-            return _verdict(self.name, False, f"net gain {net:+d} is within {errors} ({se:.2f}) of no change",
-                            parent, candidate)
-        return _verdict(self.name, True, f"net gain {net:+d} ({wins} won, {losses} lost) exceeds {errors} "
-                        f"({se:.2f})", parent, candidate)
+            return _verdict(self.name, False, f"net gain {net:+d} ({wins} won, {losses} lost) is within {errors} "
+                            f"of no change", parent, candidate)
+        return _verdict(self.name, True, f"net gain {net:+d} ({wins} won, {losses} lost) exceeds {errors}",
+                        parent, candidate)
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,12 @@ PAIRED_SIGN = [
     ((1, 0, 10, 10), False, "net gain +1 (1 won, 0 lost) is below the minimum of 2"),
     ((5, 5, 10, 10), False, "net gain +0 (5 won, 5 lost) is below the minimum of 2"),
     # a gain within two standard errors of no change: sqrt(6 + 3) = 3
-    ((6, 3, 10, 10), False, "net gain +3 is within 2 standard errors (3.00)"),
-    ((7, 3, 10, 10), False, "net gain +4 is within 2 standard errors (3.16)"),
-    ((9, 1, 10, 10), True, "net gain +8 (9 won, 1 lost) exceeds 2 standard errors (3.16)"),
-    ((2, 0, 10, 10), False, "net gain +2 is within 2 standard errors (1.41)"),
-    ((4, 0, 10, 10), False, "net gain +4 is within 2 standard errors (2.00)"),  # at the bound is within
-    ((5, 0, 10, 10), True, "net gain +5 (5 won, 0 lost) exceeds 2 standard errors (2.24)"),
+    ((6, 3, 10, 10), False, "net gain +3 (6 won, 3 lost) is within 2 standard errors (2 x 3.00 = 6.00) of no change"),
+    ((7, 3, 10, 10), False, "net gain +4 (7 won, 3 lost) is within 2 standard errors (2 x 3.16 = 6.32)"),
+    ((9, 1, 10, 10), True, "net gain +8 (9 won, 1 lost) exceeds 2 standard errors (2 x 3.16 = 6.32)"),
+    ((2, 0, 10, 10), False, "net gain +2 (2 won, 0 lost) is within 2 standard errors (2 x 1.41 = 2.83)"),
+    ((4, 0, 10, 10), False, "net gain +4 (4 won, 0 lost) is within 2 standard errors (2 x 2.00 = 4.00)"),  # at the bound is within
+    ((5, 0, 10, 10), True, "net gain +5 (5 won, 0 lost) exceeds 2 standard errors (2 x 2.24 = 4.47)"),
     # a parent with nothing right has no regression budget to break
     ((5, 0, 0, 10), True, "net gain +5"),
 ]
@@ -64,9 +64,9 @@ def test_paired_sign_gate_thresholds_are_its_parameters() -> None:
     parent, candidate = world(11, 6, 5, 20)
     assert "6 regressions exceed the budget of 50% of 11 correct" in PairedSignGate().judge(parent, candidate).reason
     assert PairedSignGate(max_losses_fraction=0.6, k=1).judge(parent, candidate).passed
-    assert "net gain +5 is within 1.5 standard errors (4.12)" in PairedSignGate(max_losses_fraction=0.6, k=1.5).judge(
+    assert "net gain +5 (11 won, 6 lost) is within 1.5 standard errors (1.5 x 4.12 = 6.18)" in PairedSignGate(max_losses_fraction=0.6, k=1.5).judge(
         parent, candidate).reason
-    assert "net gain +3 is within 1 standard error (3.00)" in PairedSignGate(k=1).judge(*world(6, 3, 10, 10)).reason
+    assert "net gain +3 (6 won, 3 lost) is within 1 standard error (3.00)" in PairedSignGate(k=1).judge(*world(6, 3, 10, 10)).reason
 
 
 def test_only_instances_both_sides_ran_are_paired() -> None:
