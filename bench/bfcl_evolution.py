@@ -28,10 +28,10 @@ NAME = "bfcl_evolution"
 
 def paired_delta(base: dict[tuple[str, str], float], final: dict[tuple[str, str], float]) -> dict[str, Any]:
     """Final minus base accuracy over the outcomes both have, with the strategy benchmark's
-    bootstrap interval (the paired differences resampled)."""
+    bootstrap interval (the paired differences resampled by instance, both models' together)."""
     keys = sorted(set(base) & set(final))
     diffs = [int(final[k]) - int(base[k]) for k in keys]
-    mean, ci = bootstrap([diffs])
+    mean, ci = bootstrap([dict(zip(keys, diffs))])
     return {"n": len(diffs), "mean": mean, "ci95": ci, "won": diffs.count(1), "lost": diffs.count(-1)}
 
 
