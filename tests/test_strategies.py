@@ -522,6 +522,79 @@ def test_a_change_that_completes_a_kept_one_is_screened_again_and_kept(tmp_path:
     assert evo.result["test_accuracy"] == 1.0
 
 
+def test_a_free_reading_repair_goes_first_and_the_rest_is_screened_on_top_of_it(tmp_path: Path, store) -> None:
+    """The extraction repair reads only: screening it replays the batch and validating it the
+    parent's validation, which the first validation pays in any case. It is screened and
+    validated before the edited prompt line is screened at all, so the first kept change costs the
+    batch, the roles and the parent's validation and nothing more (with the edited change screened
+    first, against the parent, it cost 12 calls more); the prompt line is screened once, on top of
+    it, and kept."""
+    svc, suite, review = complement_world(tmp_path, store)
+    evolver = Evolver(svc, reviewer=review)
+    evo = evolver.run(evolver.create(config(suite, models=["planted-complement"], gate_k=1.0,
+                                            charge_cached=True)).id)
+    row = evo.iterations[0]
+    first, second = row["steps"]
+    assert [c["operator"] for c in first["changes"]] == ["answer_extraction"] and first["kept"]
+    by_phase = row["calls_by_phase"]
+    parent_validation = 12  # 12 validation instances, one model, one call each
+    assert first["spent"]["calls"] == by_phase["train"] + by_phase.get("diagnose", 0) + parent_validation
+    assert first["changes"][0]["screened"]["wins"] > 0
+    assert second["changes"][0]["operator"] == "retry_unparsable" and second["kept"]
+    assert second["changes"][0]["screened"]["against"] == first["candidate"]
+    assert by_phase["screen"] == second["changes"][0]["screened"]["n"]  # one screen paid: the prompt line's
+    assert "deferred" not in evo.result.get("cursor", {})
+
+
+DEFERRED_CRASHES = {
+    "free repair judged, the rest held back": lambda cur: cur.get("phase") == "rescreen" and bool(cur.get("deferred")),
+    "the rest screened on top of it": lambda cur: (cur.get("phase") == "apply" and len(cur.get("steps", [])) == 1
+                                                    and not cur.get("deferred")),
+}
+
+
+@pytest.mark.parametrize("point", sorted(DEFERRED_CRASHES))
+def test_killed_while_the_rest_waits_behind_a_free_repair_resumes_to_the_clean_result(tmp_path: Path, store,
+                                                                                       point: str,
+                                                                                       monkeypatch) -> None:
+    """Killed right after the free repair's verdict is saved with the other change held back, or
+    right after that change is screened on top of it, and resumed by a new engine: the same steps,
+    verdicts, kept harness and spending as without the kill."""
+    monkeypatch.setenv("ECDYSIS_LEASE_TTL", "1.0")
+
+    def facts(svc: Service, evo_id: str) -> tuple[Any, ...]:
+        done = svc.store.get_evolution(evo_id)
+        row = done.iterations[0]
+        steps = [([c["operator"] for c in st["changes"]], st["kept"], (st["verdict"] or {}).get("wins"),
+                  st["spent"]["calls"]) for st in row["steps"]]
+        return (done.status, steps, done.current_version, done.result["test_accuracy"],
+                done.result["spent"]["calls"], row["calls_by_phase"])
+
+    def cfg(suite: str) -> EvolveConfig:
+        return config(suite, models=["planted-complement"], gate_k=1.0, charge_cached=True)
+
+    from storage import open_store
+    apart = open_store(f"sqlite:///{tmp_path / 'clean.db'}")
+    try:
+        svc, suite, review = complement_world(tmp_path, apart)
+        clean = Evolver(svc, reviewer=review)
+        golden = facts(svc, clean.run(clean.create(cfg(suite)).id).id)
+    finally:
+        apart.close()
+    assert [ops for ops, *_ in golden[1]] == [["answer_extraction"], ["retry_unparsable"]], golden
+
+    from tests.test_faults import DyingStore, Killed
+    dying = DyingStore(store, "save_evolution", when=lambda evo: DEFERRED_CRASHES[point](evo.result.get("cursor") or {}))
+    svc, suite, review = complement_world(tmp_path, dying)  # type: ignore[arg-type]
+    engine = Evolver(svc, reviewer=review)
+    evo = engine.create(cfg(suite))
+    with pytest.raises(Killed):
+        engine.run(evo.id)
+    time.sleep(1.1)  # the dead engine's lease lapses
+    svc, _, review = complement_world(tmp_path, store)
+    assert facts(svc, Evolver(svc, reviewer=review).run(evo.id).id) == golden
+
+
 def complement_world(tmp_path: Path, store) -> tuple[Service, str, Any]:
     """The arithmetic suite with a model whose odd-numbered replies are empty unless the prompt asks
     for digits first, and a reviewer who approves the extraction repair and turns the other
@@ -556,9 +629,10 @@ def test_changes_kept_before_the_budget_ran_out_are_on_the_curve(tmp_path: Path,
     done = full.run(full.create(config(suite, models=["planted-complement"], label="full", charge_cached=True)).id)
     # A token budget, which no phase estimates ahead (a call budget would not start the second
     # validation at all), runs out in the middle of the second change's validation: the first
-    # change's validation ends at 37 of the 49 calls. In a database of its own, so that every call
+    # change's validation ends at 25 of the 49 calls (the extraction repair, which reads only, goes
+    # first, before the edited change is screened). In a database of its own, so that every call
     # is made, and checked against the budget, one at a time (a run reused whole is charged whole).
-    assert [st["spent"]["calls"] for st in done.iterations[0]["steps"]] == [37, 49]
+    assert [st["spent"]["calls"] for st in done.iterations[0]["steps"]] == [25, 49]
     spent = done.iterations[0]["tokens"]
     from storage import open_store
     apart = open_store(f"sqlite:///{tmp_path / 'short.db'}")
