@@ -78,6 +78,10 @@ ROUNDS = (
           "every repair of reading probed, on all of a one-model cluster's failures (round 29's seeds)"),
     Round("33", "compare_strategies_bbh_round33", "2ef19aa", "(round 32's code on round 30's seeds)"),
     Round("34", "compare_strategies_bbh_round34", "2ef19aa", "(round 32's code on round 31's seeds and windows)"),
+    Round("35", "compare_strategies_bbh_round35", "a4da98f",
+          "repairs of reading screened and validated before any other change is screened (round 33's seeds)"),
+    Round("36", "compare_strategies_bbh_round36", "a4da98f", "(round 35's code on round 34's seeds and windows)"),
+    Round("37", "compare_strategies_bbh_round37", "a4da98f", "(round 35's code on round 32's seeds)"),
 )
 
 

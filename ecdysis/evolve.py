@@ -659,8 +659,8 @@ class Evolver:
         # case. They go first, alone: the other changes, whose screens and validations cost calls,
         # wait (`deferred`) and are screened on top of what the free ones leave (`_rescreen`), so
         # no call is spent on them before the free repairs have had their turn. On the first
-        # BIG-Bench Hard mixture (round 33, seed 89) a pair and a format instruction were screened
-        # and validated for 364 calls before choice matching, kept at +8 of 120 for nothing.
+        # BIG-Bench Hard mixture (round 33, seed 89) choice matching was kept at +8 of 120 368 calls
+        # into its iteration, after a pair and a format instruction were screened and validated.
         free = [pid for pid in pids if self._free(pid)]
         screen(free)
         if len(free) < len(pids) and any(screened[pid].get("passed") for pid in free):
