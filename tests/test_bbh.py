@@ -227,3 +227,31 @@ def test_a_real_off_format_cluster_gets_its_other_reading_repair_drafted_and_smo
             assert sibling.apply_to(base.files).ok and next(ch for ch in sibling.checks if ch.name == "loads").ok
             drafted.append((c.type, theirs.spec.operator, sibling.spec.operator))
     assert ("off_format", "answer_extraction", "choice_matching") in drafted, report.render_text()
+
+
+@needs_real
+@pytest.mark.slow
+def test_a_real_evolution_tries_its_reading_repairs_before_it_screens_anything_else(store) -> None:
+    """One Ecdysis iteration on twelve train questions of the first BIG-Bench Hard mixture with Qwen
+    0.5B and SmolLM2, every proposal approved as proposed: its first step is a repair of reading,
+    validated before any other change was screened, so when its verdict came the iteration had
+    spent the batch, the roles' smoke runs and the parent's validation, and no screening call. The
+    changes validated after it were screened on top of where it left the harness."""
+    from ecdysis.evolve import EvolveConfig, Evolver
+    from ecdysis.probe import reads_only
+    from ecdysis.service import Service
+    svc = Service(store)
+    models = ["qwen2.5-coder-0.5b", "smollm2"]
+    evolver = Evolver(svc)
+    evo = evolver.run(evolver.create(EvolveConfig(
+        suite="bbh:date_understanding+formal_fallacies+navigate", models=models, iterations=1, batch_size=12,
+        val_limit=12, test_limit=12, auto_approve=True, charge_cached=True)).id)
+    row = evo.iterations[0]
+    first = row["steps"][0]
+    assert all(reads_only(c["operator"]) for c in first["changes"]), row["history"]
+    by_phase = row["calls_by_phase"]
+    parent_validation = 12 * len(models)
+    assert first["spent"]["calls"] == by_phase["train"] + by_phase.get("diagnose", 0) + parent_validation, row
+    assert any(not reads_only(h["operator"]) for h in row["history"]), row["history"]  # there was a costly one to hold back
+    for step in row["steps"][1:]:
+        assert all((c["screened"] or {}).get("against") == step["parent"] for c in step["changes"]), step
