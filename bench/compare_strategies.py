@@ -234,10 +234,9 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
     tests = {key: outcomes(svc, list(evo.outcome.test_runs)) for key, evo in evos.items()}
     curves = {key: curve(evo, start_of[key[1]]) for key, evo in evos.items()}
     for name in strategies:
-        per_seed = [tests[(name, s)] for s in seeds if (name, s) in tests]
         runs = [evos[(name, s)] for s in seeds if (name, s) in evos]
         out["strategies"][name] = {
-            "test_accuracy": intervals(per_seed),
+            "test_accuracy": accuracy_figures(tests, seeds, name),
             "base_test_accuracy": mean([e.outcome.base_test_accuracy for e in runs]),
             "final_val_accuracy": mean([curves[(name, s)][-1].val_accuracy for s in seeds if (name, s) in curves]),
             "model_calls": mean([e.outcome.spent.calls for e in runs]),
@@ -250,21 +249,30 @@ def summarise(svc: Any, args: argparse.Namespace, suite: str, evos: dict[tuple[s
                                   **seed_facts(evos[(name, s)])}
                          for s in seeds if (name, s) in evos}}
     for base in [b for b in BASELINES if b in strategies and "ecdysis" in strategies]:
-        deltas, ups = [], []
-        for s in seeds:
-            deltas.append(paired(tests.get(("ecdysis", s), {}), tests.get((base, s), {})))
-            if ("ecdysis", s) in curves and (base, s) in curves:
-                ups.append(speedup(curves[(base, s)], curves[("ecdysis", s)], start_of[s]))
-        out["comparison"][base] = {"test_delta_points": intervals(deltas),
+        ups = [speedup(curves[(base, s)], curves[("ecdysis", s)], start_of[s]) for s in seeds
+               if ("ecdysis", s) in curves and (base, s) in curves]
+        out["comparison"][base] = {"test_delta_points": delta_figures(tests, seeds, base),
                                    "speedup_calls": mean([u["calls"] for u in ups]),
                                    "speedup_seconds": mean([u["seconds"] for u in ups]),
                                    "per_seed": ups}
     return out
 
 
-def paired(ours: Mapping[Any, float], theirs: Mapping[Any, float]) -> dict[Any, float]:
-    """Ecdysis's outcome minus the baseline's, in points, on each test outcome both have."""
-    return {k: 100 * (ours[k] - theirs[k]) for k in sorted(set(ours) & set(theirs))}
+def accuracy_figures(tests: Mapping[tuple[str, int], Mapping[Any, float]], seeds: Sequence[int],
+                     name: str) -> dict[str, Any]:
+    """A strategy's test accuracy over the seeds it has outcomes for, with both intervals."""
+    return intervals([tests[(name, s)] for s in seeds if (name, s) in tests])
+
+
+def delta_figures(tests: Mapping[tuple[str, int], Mapping[Any, float]], seeds: Sequence[int],
+                  base: str) -> dict[str, Any]:
+    """Ecdysis's test outcome minus the baseline's, in points, paired on each test outcome both
+    have, over the seeds, with both intervals."""
+    deltas = []
+    for s in seeds:
+        ours, theirs = tests.get(("ecdysis", s), {}), tests.get((base, s), {})
+        deltas.append({k: 100 * (ours[k] - theirs[k]) for k in sorted(set(ours) & set(theirs))})
+    return intervals(deltas)
 
 
 def seed_facts(evo: Any) -> dict[str, Any]:
@@ -438,14 +446,13 @@ def reinterval(path: Path, store: Any) -> str:
                      for name, got in evos.items() for e in got}
             seeds = block["seeds"]
             for name, st in block["strategies"].items():
-                figure = intervals([tests[(name, s)] for s in seeds if (name, s) in tests])
+                figure = accuracy_figures(tests, seeds, name)
                 if abs(figure["mean"] - st["test_accuracy"]["mean"]) > 1e-3:
                     raise ValueError(f"{path.name}, {suite}, {name}: stored outcomes give a mean test accuracy of "
                                      f"{figure['mean']}, the file {st['test_accuracy']['mean']}")
                 st["test_accuracy"] = figure
             for base, cmp in block["comparison"].items():
-                cmp["test_delta_points"] = intervals([paired(tests[("ecdysis", s)], tests[(base, s)]) for s in seeds
-                                                      if ("ecdysis", s) in tests and (base, s) in tests])
+                cmp["test_delta_points"] = delta_figures(tests, seeds, base)
     if len(skipped) == blocks:
         return markdown(result)
     result["intervals"] = {"method": INTERVALS, "recomputed": now(), **({"not_recomputed": skipped} if skipped else {})}

@@ -312,12 +312,10 @@ class Evolver:
                     cur.pop(key, None)
                 cur["phase"] = "diagnose"
         elif phase == "apply":
-            if cur["step"] >= len(cur["queue"]) and cur.get("deferred") and plan.screens:
-                # The free repairs that went first are done with (validated or refused): the
-                # changes held back behind them are screened now, on top of what was kept.
-                cur["phase"] = "rescreen"
-            elif cur["step"] >= len(cur["queue"]):
-                cur["phase"] = "record"
+            if cur["step"] >= len(cur["queue"]):
+                # Changes held back behind free repairs (now validated or refused) are screened
+                # next, on top of what was kept; else the iteration is done.
+                cur["phase"] = "rescreen" if plan.screens and cur.get("deferred") else "record"
             else:
                 cur["candidate"], cur["applied"] = self._compose(evo, cur["queue"][cur["step"]])
                 if cur["candidate"]:
