@@ -110,7 +110,9 @@ def diagnosis_form(runs: Sequence[RunRecord], preselected: Sequence[str] = ()) -
 
 GATE_HELP = ("The paired validation gate keeps a patched version only when, on the same validation instances, its "
              "net wins over its parent (instances it gets right and the parent wrong, minus the reverse) reach the "
-             "minimum AND exceed that many standard errors of no change (√(wins + losses)). Small models flip "
+             "minimum AND exceed that many standard errors of no change (√(wins + losses) with one model; with "
+             "several, each question is one unit: √ of the sum of each question's net squared, since a change that "
+             "wins a question for every model is one piece of evidence, not several). Small models flip "
              "answers from run to run; lower values accept noise.")
 STRATEGY_CHOICES = {"ecdysis": "ecdysis (batch clusters)", "per-instance": "per-instance search",
                     "self-evolution": "self-evolution (the paper's baseline)", "both": "both, side by side"}

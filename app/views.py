@@ -545,7 +545,8 @@ def gate_threshold(config: Mapping[str, Any]) -> str:
     """The acceptance rule of an evolution's gate, in words with its numbers."""
     if config.get("gate", "paired-sign") == "paired-sign":
         k = float(config.get("gate_k", 1.0))
-        return f"net ≥ {int(config.get('gate_min_net', 2))} and net > {k:g}·√(wins+losses)"
+        return (f"net ≥ {int(config.get('gate_min_net', 2))} and net > {k:g}·SE, where SE = √(wins+losses) with "
+                "one model; with several, √ of the sum over questions of each question's net squared")
     return "any net gain (wins > losses)"
 
 

@@ -36,6 +36,13 @@ class GateVerdict:
     parent_accuracy: float
     candidate_accuracy: float
     policy: str
+    # The standard error of the net gain under no change (`gate.spread`); None on rows written
+    # before it was stored, whose gate took sqrt(wins + losses) (`error`).
+    se: float | None = None
+
+    @property
+    def error(self) -> float:
+        return self.se if self.se is not None else (self.wins + self.losses) ** 0.5
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -86,6 +93,7 @@ class Screening:
     wins: int = 0
     losses: int = 0
     net: int | None = None
+    se: float | None = None  # the net's standard error under no change (`gate.spread`); None before it was stored
     parent_calls: float | None = None
     candidate_calls: float | None = None
     extra_calls: float | None = None

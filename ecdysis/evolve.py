@@ -23,7 +23,7 @@ from ecdysis import diagnosis, lifecycle
 from ecdysis.diffs import FileDiff, apply_diffs
 from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, InputError
 from ecdysis.gate import (DEFAULT_K, POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, call_cost,
-                          calls_per_instance, cost_shortfall, decide, errors_said, paired)
+                          calls_per_instance, cost_shortfall, decide, errors_said, paired, spread)
 from ecdysis.harness import harness_id, new_version
 from ecdysis.harness import params as harness_params
 from ecdysis.leases import Held, evolution_key
@@ -84,7 +84,7 @@ class EvolveConfig:
     screen_min_wins: int = 1
     # ... and a batch's verdict allows for its noise: a change is screened out for losing, or for
     # not paying for its calls, only when it falls short by more than this many standard errors
-    # of its paired outcomes (sqrt(wins + losses)): the gate's own standard (DEFAULT_K), turned
+    # of its paired outcomes (`gate.spread`, each question one unit): the gate's own standard (DEFAULT_K), turned
     # round. Screening rejects only what it can tell is short; the gate accepts only what it can
     # tell is a gain. Option scoring, +17 of 120 at validation and about +11 points on the sealed
     # test, measured 1 won 2 lost, 1 won 4 lost and 2 won 4 lost on batches of 24 of the BIG-bench
@@ -677,7 +677,7 @@ class Evolver:
             # 33, option scoring at 2 calls an instance went first on 7 won, 3 lost of 24 and was
             # refused at +4 of 120, 240 calls before answer extraction, 1 call, was kept at +5).
             r = screened[pid]
-            clear = r["net"] > cfg.screen_k * math.sqrt(r.get("wins", 0) + r.get("losses", 0))
+            clear = r["net"] > cfg.screen_k * _error(r)
             return (not clear, -r["net"] if clear else r["extra_calls"], -r["net"], r["extra_calls"], pids.index(pid))
         ordered = self._readings_by_validation(evo, cfg, cur, sorted(survivors, key=order), budget)
         if not cfg.complements:
@@ -803,7 +803,7 @@ class Evolver:
                     or len(st.get("changes", [])) != 1):
                 continue
             net = verdict.wins - verdict.losses
-            if -net > cfg.screen_k * math.sqrt(verdict.wins + verdict.losses):
+            if -net > cfg.screen_k * verdict.error:
                 continue
             change = st["changes"][0]
             proposal = self.store.get_proposal(change["proposal_id"])
@@ -901,14 +901,15 @@ class Evolver:
         _, wins, losses = paired(*verdict)
         cost = call_cost(parent, mine, keys)
         net = wins - losses
+        se = spread(*verdict)
         # The most the change may gain, allowing for the batch's noise: what screening holds against it.
-        spread = cfg.screen_k * math.sqrt(wins + losses)
+        allowance = cfg.screen_k * se
         result = {**against, "candidate": candidate.id, "instances": len(instances), "cluster_instances": len(own),
                   "guards": len(guards), "n": len(keys), "earlier": earlier, "wins": wins,
-                  "losses": losses, "net": net, **cost}
+                  "losses": losses, "net": net, "se": round(se, 4), **cost}
         pooled = f", {earlier} of them from earlier batches" if earlier else ""
         measured = f"net {net:+d} ({wins} won, {losses} lost on {len(keys)} paired{pooled})"
-        errors = errors_said(cfg.screen_k, math.sqrt(wins + losses))
+        errors = errors_said(cfg.screen_k, se)
         how = "screened alone" if group is None else "screened together"
         if wins < cfg.screen_min_wins:
             # Edited by a person, the files are no longer the catalogue repair its operator names.
@@ -928,10 +929,10 @@ class Evolver:
             why = (f"{how} on {current.id}: {measured}; "
                    f"it repaired {'nothing' if not wins else f'only {wins}'} on the batch{' and before' if earlier else ''}")
             return {**result, "passed": False, "reason": why}
-        if net + spread < cfg.screen_min_net:
+        if net + allowance < cfg.screen_min_net:
             why = f"{how} on {current.id}: {measured} is below {cfg.screen_min_net:+d} by more than {errors}"
             return {**result, "passed": False, "reason": why}
-        short = cost_shortfall((net + spread) / max(1, len(keys)), cost["extra_calls"], cfg.min_gain_per_call)
+        short = cost_shortfall((net + allowance) / max(1, len(keys)), cost["extra_calls"], cfg.min_gain_per_call)
         if short:
             return {**result, "passed": False,
                     "reason": f"{how}: {measured}; even {errors} above that, {short}"}
@@ -1406,8 +1407,16 @@ class Evolver:
 def _net(before: dict[PairKey, Any], after: dict[PairKey, Any]) -> dict[str, int]:
     """Two sets of results paired on the outcomes both have: n, wins, losses and net of `after`."""
     keys = sorted(k for k in after if k in before)
-    _, wins, losses = paired({k: before[k].correct for k in keys}, {k: after[k].correct for k in keys})
-    return {"n": len(keys), "wins": wins, "losses": losses, "net": wins - losses}
+    outcomes = {k: before[k].correct for k in keys}, {k: after[k].correct for k in keys}
+    _, wins, losses = paired(*outcomes)
+    return {"n": len(keys), "wins": wins, "losses": losses, "net": wins - losses, "se": round(spread(*outcomes), 4)}
+
+
+def _error(measured: dict[str, Any]) -> float:
+    """The standard error stored with a screen or a contest (`gate.spread`), or the one-model
+    figure for one stored before it was."""
+    se = measured.get("se")
+    return float(se) if se is not None else math.sqrt(measured.get("wins", 0) + measured.get("losses", 0))
 
 
 def _newly_read(operator: str | None, own: list[Instance], models: list[str], parent: dict[PairKey, Any],

@@ -26,6 +26,19 @@ def paired(parent: dict[PairKey, bool], candidate: dict[PairKey, bool]) -> tuple
     return keys, wins, losses
 
 
+def spread(parent: dict[PairKey, bool], candidate: dict[PairKey, bool]) -> float:
+    """The standard error of the net gain (wins - losses) if the change did nothing, with the
+    instance as the unit: under no change each instance's net (its models' wins minus losses on
+    it) is as likely negated, so the variance is the sum of their squares. With one model that is
+    wins + losses, the sign test's. With several, the models' outcomes on one question are not
+    independent draws: a change that wins a question for both models counts 2 in the net and 4 in
+    the variance (not 2), and a win and a loss on one question cancel in both."""
+    by_instance: dict[str, int] = {}
+    for key in set(parent) & set(candidate):
+        by_instance[key[1]] = by_instance.get(key[1], 0) + int(bool(candidate[key])) - int(bool(parent[key]))
+    return math.sqrt(sum(d * d for d in by_instance.values()))
+
+
 def calls_per_instance(results: Sequence[InstanceResult]) -> float | None:
     """The model calls these results made (cached ones included: the harness made them), per
     result; None for no results."""
@@ -76,7 +89,8 @@ def _verdict(policy: str, passed: bool, reason: str, parent: dict[PairKey, bool]
     n = len(keys)
     return GateVerdict(passed, reason, wins, losses, n,
                        round(sum(parent[k] for k in keys) / n, 4) if n else 0.0,
-                       round(sum(candidate[k] for k in keys) / n, 4) if n else 0.0, policy)
+                       round(sum(candidate[k] for k in keys) / n, 4) if n else 0.0, policy,
+                       round(spread(parent, candidate), 4))
 
 
 # Standard errors of a no-change sign test that a net gain must exceed. One (a one-sided p of about
@@ -89,7 +103,8 @@ DEFAULT_K = 2.0
 @dataclass(frozen=True)
 class PairedSignGate:
     """Accept when net gains (wins - losses) on the same instances reach `min_net` AND exceed
-    `k` (default `DEFAULT_K`) standard errors of a no-change sign test (sqrt(wins + losses)), with at most
+    `k` (default `DEFAULT_K`) standard errors of no change (`spread`: sqrt(wins + losses) with one
+    model, each question one unit with several), with at most
     `max_losses_fraction` of the parent's correct instances lost, or of the wins when there are
     more wins than the parent had right. Small models flip answers from run to run; only a gain
     larger than those flips is evidence. The regression budget keeps a change from trading what
@@ -106,7 +121,7 @@ class PairedSignGate:
         if not keys:
             return _verdict(self.name, False, "no paired instances to compare", parent, candidate)
         net = wins - losses
-        se = math.sqrt(wins + losses)
+        se = spread(parent, candidate)
         parent_right = sum(parent[k] for k in keys)
         base, of = (parent_right, "correct") if parent_right >= wins else (wins, "won")
         if parent_right and losses > self.max_losses_fraction * base:

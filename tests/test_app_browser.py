@@ -407,7 +407,7 @@ def test_the_evolution_page_shows_each_gate_and_says_what_the_numbers_say(app: s
     expect(page.get_by_text("iteration 2/1")).to_have_count(0)
     expect(page.get_by_text("The gate, iteration by iteration")).to_be_visible()
     rule = page.get_by_text(re.compile(r"^A candidate is kept when"))
-    expect(rule).to_contain_text("net ≥ 1 and net > 0.5·√(wins+losses)")
+    expect(rule).to_contain_text("net ≥ 1 and net > 0.5·SE, where SE = √(wins+losses) with one model")
     # The canvas grid keeps a (hidden) accessible table of its cells: the gate table is the one
     # with a "paired instances" column.
     table = page.locator('[data-testid="stDataFrame"]').filter(

@@ -552,7 +552,7 @@ def test_evolution_form_starts_one_job_per_strategy(ecdysis_home: Path, svc: Ser
     # The gate, visible: the watched evolution's iteration with parent and candidate accuracy,
     # paired wins and losses and the rule, as the engine measured them.
     watched = svc.get_evolution(by_label(at.selectbox, "Evolution").value)
-    assert "net ≥ 1 and net > 0.5·√(wins+losses)" in texts(at)
+    assert "net ≥ 1 and net > 0.5·SE, where SE = √(wins+losses) with one model" in texts(at)
     gates = next(d.value for d in at.dataframe if "wins" in d.value.columns)
     row = gates.iloc[0]
     candidate = svc.store.get_harness(watched.iterations[0]["candidate_version"] or "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ecdysis.gate import AnyImprovementGate, PairedSignGate, cost_shortfall, paired
+from ecdysis.gate import AnyImprovementGate, PairedSignGate, cost_shortfall, paired, spread
 
 
 def world(wins: int, losses: int, both_right: int, both_wrong: int) -> tuple[dict, dict]:
@@ -67,6 +67,54 @@ def test_paired_sign_gate_thresholds_are_its_parameters() -> None:
     assert "net gain +5 (11 won, 6 lost) is within 1.5 standard errors (1.5 x 4.12 = 6.18)" in PairedSignGate(max_losses_fraction=0.6, k=1.5).judge(
         parent, candidate).reason
     assert "net gain +3 (6 won, 3 lost) is within 1 standard error (3.00)" in PairedSignGate(k=1).judge(*world(6, 3, 10, 10)).reason
+
+
+def two_models(both: list[tuple[bool, bool]], each: list[tuple[bool, bool]]) -> tuple[dict, dict]:
+    """Outcomes of models "a" and "b": a (parent, candidate) pair per question alike for both
+    models (`both`), then per question one model's pair and the other model's reversed (`each`)."""
+    parent: dict[tuple[str, str], bool] = {}
+    candidate: dict[tuple[str, str], bool] = {}
+    for n, (before, after) in enumerate(both):
+        for model in ("a", "b"):
+            parent[(model, f"q{n:03d}")], candidate[(model, f"q{n:03d}")] = before, after
+    for n, (before, after) in enumerate(each):
+        key = f"x{n:03d}"
+        parent[("a", key)], candidate[("a", key)] = before, after
+        parent[("b", key)], candidate[("b", key)] = after, before
+    return parent, candidate
+
+
+def test_two_models_winning_the_same_questions_are_one_piece_of_evidence_each() -> None:
+    """The gate's unit is the question: its models' outcomes on it move together (a format repair
+    reads both models' answers to a question it reads, or neither), so counting them as separate
+    draws would pass noise with two models that one model's gate refuses."""
+    won, lost, right = (False, True), (True, False), (True, True)
+    # 8 questions won for both models, 2 lost for both, 10 right for both: net +12 of 40 outcomes.
+    parent, candidate = two_models([won] * 8 + [lost] * 2 + [right] * 10, [])
+    assert spread(parent, candidate) == pytest.approx((8 * 4 + 2 * 4) ** 0.5)  # 6.32, not sqrt(20) = 4.47
+    verdict = PairedSignGate().judge(parent, candidate)
+    assert (verdict.wins, verdict.losses, verdict.n) == (16, 4, 40)
+    assert not verdict.passed and "net gain +12 (16 won, 4 lost) is within 2 standard errors (2 x 6.32 = 12.65)" in verdict.reason
+    assert verdict.se == pytest.approx(6.3246) and verdict.error == verdict.se
+    # The same counts on questions of their own (one model each) are independent draws, and pass.
+    spread_out = {("a" if n % 2 else "b", f"i{n:03d}"): v for n, v in enumerate(world(16, 4, 20, 0)[0].values())}, \
+        {("a" if n % 2 else "b", f"i{n:03d}"): v for n, v in enumerate(world(16, 4, 20, 0)[1].values())}
+    assert spread(*spread_out) == pytest.approx(20 ** 0.5)
+    assert PairedSignGate().judge(*spread_out).passed
+    # A question won for one model and lost for the other nets 0 and adds no noise: 9 won for
+    # both, 6 split, is +18 against sqrt(36) = 6, not sqrt(30) = 5.48 ...
+    parent, candidate = two_models([won] * 9 + [right] * 10, [won] * 6)
+    verdict = PairedSignGate().judge(parent, candidate)
+    assert (verdict.wins, verdict.losses) == (24, 6) and verdict.passed
+    assert "net gain +18 (24 won, 6 lost) exceeds 2 standard errors (2 x 6.00 = 12.00)" in verdict.reason
+    # ... and one model alone is the sign test it always was.
+    parent, candidate = world(9, 1, 10, 10)
+    assert spread(parent, candidate) == pytest.approx(10 ** 0.5)
+    # A verdict stored before the error was (no "se") reads back with the one-model figure.
+    from ecdysis.evolution_log import GateVerdict
+    old = GateVerdict.parse({"passed": False, "reason": "", "wins": 16, "losses": 4, "n": 40})
+    assert old.se is None and old.error == pytest.approx(20 ** 0.5)
+    assert GateVerdict.parse(verdict.to_json()) == verdict
 
 
 def test_only_instances_both_sides_ran_are_paired() -> None:

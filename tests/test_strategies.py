@@ -1435,7 +1435,7 @@ def test_a_pair_the_batch_put_behind_is_validated_when_both_fail_alone(tmp_path:
     assert steps == [(["retry_unparsable"], False), (["answer_extraction"], False),
                      (["retry_unparsable", "answer_extraction"], True)], row["steps"]
     together = row["steps"][2]["changes"][1]["screened"]
-    assert together["passed"] and together["over_alone"] == {"n": 12, "wins": 3, "losses": 3, "net": 0}, together
+    assert together["passed"] and together["over_alone"] == {"n": 12, "wins": 3, "losses": 3, "net": 0, "se": 2.4495}, together
     alone = row["steps"][1]["changes"][0]["measured"]
     assert (alone["wins"], alone["losses"]) == (0, 0), alone
     assert (row["steps"][2]["verdict"]["wins"], row["steps"][2]["verdict"]["losses"]) == (9, 0)
