@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ecdysis.aggregate import Cluster
 from ecdysis import diagnosis
 from ecdysis.diagnosis import READING_NOTE, DiagnosisReport
+from ecdysis.evolution_log import GateVerdict
 from ecdysis.failures import AGENT_TYPES, Failure
 from ecdysis.records import InstanceResult, RunRecord
 from ecdysis.roles.base import RoleMessage
@@ -550,9 +551,20 @@ def gate_threshold(config: Mapping[str, Any]) -> str:
     return "any net gain (wins > losses)"
 
 
+def gate_bound(config: Mapping[str, Any], verdict: GateVerdict) -> str:
+    """The bound one verdict was held to, with its own standard error: "net ≥ 2 and net > 2 × 4.69
+    = 9.38" (the rule alone for a gate without one)."""
+    if config.get("gate", "paired-sign") != "paired-sign":
+        return gate_threshold(config)
+    k = float(config.get("gate_k", 1.0))
+    return (f"net ≥ {int(config.get('gate_min_net', 2))} and net > {k:g} × {verdict.error:.2f} "
+            f"= {k * verdict.error:.2f}")
+
+
 def gate_rows(e: EvolutionRecord, harnesses: Iterable[HarnessVersion]) -> list[GateRow]:
     """Each finished iteration's gates: one per change validated (changes are validated one at a
-    time), from the verdicts stored with the iteration; older records, from the candidate version."""
+    time), from the verdicts stored with the iteration; older records, from the candidate version.
+    Each row's threshold is the bound its verdict was held to, with that verdict's standard error."""
     by_id = {h.id: h for h in harnesses}
     needed = gate_threshold(e.config)
     rows = []
@@ -562,8 +574,8 @@ def gate_rows(e: EvolutionRecord, harnesses: Iterable[HarnessVersion]) -> list[G
             v = step.verdict
             assert v is not None
             what = ", ".join(c.operator or c.proposal_id for c in step.changes)
-            rows.append(GateRow(r.iteration, v.parent_accuracy, v.candidate_accuracy, v.wins, v.losses, v.n, needed,
-                                "kept" if step.kept else "rolled back",
+            rows.append(GateRow(r.iteration, v.parent_accuracy, v.candidate_accuracy, v.wins, v.losses, v.n,
+                                gate_bound(e.config, v), "kept" if step.kept else "rolled back",
                                 f"{what}: {v.reason}" if what else v.reason))
         if steps:
             continue
@@ -574,7 +586,8 @@ def gate_rows(e: EvolutionRecord, harnesses: Iterable[HarnessVersion]) -> list[G
             rows.append(GateRow(r.iteration, None, None, None, None, None, needed, "no candidate", r.gate))
             continue
         rows.append(GateRow(r.iteration, verdict.parent_accuracy, verdict.candidate_accuracy, verdict.wins,
-                            verdict.losses, verdict.n, needed, "kept" if verdict.passed else "rolled back",
+                            verdict.losses, verdict.n, gate_bound(e.config, verdict),
+                            "kept" if verdict.passed else "rolled back",
                             verdict.reason))
     return rows
 

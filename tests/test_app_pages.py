@@ -564,6 +564,8 @@ def test_evolution_form_starts_one_job_per_strategy(ecdysis_home: Path, svc: Ser
         assert (row["wins"], row["losses"], row["paired instances"]) == (verdict["wins"], verdict["losses"],
                                                                          verdict["n"])
         assert row["outcome"] == ("kept" if verdict["passed"] else "rolled back")
+        # The bound the verdict was held to, with its own standard error, so the row can be checked.
+        assert row["threshold"] == f"net ≥ 1 and net > 0.5 × {verdict['se']:.2f} = {0.5 * verdict['se']:.2f}"
     assert "scoring the sealed test split" not in texts(at) and "iteration 2/1" not in texts(at)
 
 

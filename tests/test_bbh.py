@@ -255,3 +255,17 @@ def test_a_real_evolution_tries_its_reading_repairs_before_it_screens_anything_e
     assert any(not reads_only(h["operator"]) for h in row["history"]), row["history"]  # there was a costly one to hold back
     for step in row["steps"][1:]:
         assert all((c["screened"] or {}).get("against") == step["parent"] for c in step["changes"]), step
+    # Each verdict's standard error counts a question once, both models' outcomes on it together:
+    # recomputed here from the validation results the two versions stored.
+    from ecdysis.gate import spread
+    from ecdysis.runner import pick_instances
+    validation = [i.id for i in pick_instances(svc.suite(evo.suite), "validation", 12)]
+
+    def outcomes(version: str) -> dict:
+        return {(r.model, r.instance_id): r.correct for run in svc.store.list_runs(limit=10_000)
+                if run.harness_version == version and run.split == "validation" and run.status == "done"
+                for r in svc.store.get_results(run.id) if r.instance_id in validation}
+    for step in row["steps"]:
+        before, after = outcomes(step["parent"]), outcomes(step["candidate"])
+        assert len(before) == len(after) == 12 * len(models), step["verdict"]
+        assert step["verdict"]["se"] == pytest.approx(spread(before, after), abs=1e-3), step["verdict"]

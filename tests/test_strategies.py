@@ -1551,3 +1551,62 @@ def test_a_pair_is_made_with_the_near_miss_that_won_most_on_validation(world) ->
                      step(10, 12, "many", "other")]}
     misses = Evolver(svc)._near_misses(evo, config(suite), cur)  # type: ignore[arg-type]
     assert [(m["proposal_id"], m["wins"], m["net"]) for m in misses] == [("many", 9, -3), ("few", 2, 2)], misses
+
+
+def twin_world(tmp_path: Path, store, models: tuple[str, ...], repaired: int) -> tuple[Service, str, Any]:
+    """The arithmetic suite, and models that all reply alike: every train question and the first
+    `repaired` of the 12 validation questions come back empty unless the prompt asks for digits
+    first; the other validation questions are answered right either way. The reviewer turns the
+    first proposal into that prompt line and rejects the rest."""
+    from ecdysis.runner import pick_instances
+    suite = write_suite(tmp_path / "twin.jsonl")
+    svc = Service(store)
+    loaded = svc.suite(str(suite))
+    blank = ({i.id for i in loaded.split("train")}
+             | {i.id for i in pick_instances(loaded, "validation", 12)[:repaired]})
+    asked, empty, plain = [], [], []
+    for line in suite.read_text().splitlines()[1:]:
+        row = json.loads(line)
+        if row["id"] in blank:
+            asked.append(Rule(text=row["target"], match=f"Answer with digits: {row['input']}"))
+            empty.append(Rule(text="", match=row["input"]))
+        else:
+            plain.append(Rule(text=row["target"], match=row["input"]))
+    for model in models:
+        register_backend(ScriptedBackend(asked + empty + plain, model_id=model, default="I do not know."))
+    edited: list[str] = []
+
+    def review(proposal):
+        if edited and proposal.id not in edited:
+            return "reject", "this world has one change to try", None
+        edited.append(proposal.id)
+        user = svc.harness(proposal.harness_version).files["user.md"]
+        return "edit", "ask for digits", {"user.md": "Answer with digits: " + user}
+    return svc, str(suite), review
+
+
+@pytest.mark.parametrize(("twins", "repaired", "kept", "words"), [
+    (False, 4, False, "net gain +4 (4 won, 0 lost) is within 2 standard errors (2 x 2.00 = 4.00)"),
+    (True, 4, False, "net gain +8 (8 won, 0 lost) is within 2 standard errors (2 x 4.00 = 8.00)"),
+    (False, 5, True, "net gain +5 (5 won, 0 lost) exceeds 2 standard errors (2 x 2.24 = 4.47)"),
+    (True, 5, True, "net gain +10 (10 won, 0 lost) exceeds 2 standard errors (2 x 4.47 = 8.94)"),
+])
+def test_a_second_model_that_answers_as_the_first_adds_no_evidence_at_the_gate(
+        tmp_path: Path, store, twins: bool, repaired: int, kept: bool, words: str) -> None:
+    """The gate's unit is the question. A change that repairs 4 of 12 validation questions is within
+    the noise for one model; a second model that answers every question as the first does doubles
+    the wins but is no new evidence, and the change is refused all the same (counted as separate
+    draws, +8 against 2 x sqrt(8) = 5.66 passed). Repairing 5 passes either way."""
+    models = tuple(f"planted-twin{repaired}-{side}" for side in ("a", "b")[:1 + twins])
+    svc, suite, review = twin_world(tmp_path, store, models, repaired)
+    evolver = Evolver(svc, reviewer=review)
+    evo = evolver.run(evolver.create(config(suite, models=list(models))).id)
+    steps = evo.iterations[0]["steps"]
+    assert len(steps) == 1, steps
+    verdict = steps[0]["verdict"]
+    assert (verdict["wins"], verdict["losses"], verdict["n"]) == (repaired * len(models), 0, 12 * len(models))
+    assert steps[0]["kept"] is kept and words in verdict["reason"], verdict
+    assert verdict["se"] == pytest.approx(math.sqrt(repaired) * len(models), abs=1e-3)
+    # The screen on the batch counted by question too: every train question repaired for every model.
+    screened = steps[0]["changes"][0]["screened"]
+    assert screened["wins"] == 12 * len(models) and screened["se"] == pytest.approx(math.sqrt(12) * len(models), abs=1e-3)
