@@ -85,6 +85,10 @@ ROUNDS = (
     Round("38", "compare_strategies_bbh_round38", "a4da98f",
           "(round 35's code on seeds no run had used; held-out window seed mod 2, test 93: the seeds cover "
           "the whole test split)"),
+    Round("39", "compare_strategies_bbh_round39", "ae46658",
+          "the gate's and screening's standard error counts each question once, all its models' outcomes "
+          "together (round 37's seeds)"),
+    Round("40", "compare_strategies_bbh_round40", "ae46658", "(round 39's code on round 36's seeds and windows)"),
 )
 
 
