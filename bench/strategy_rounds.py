@@ -89,6 +89,9 @@ ROUNDS = (
           "the gate's and screening's standard error counts each question once, all its models' outcomes "
           "together (round 37's seeds)"),
     Round("40", "compare_strategies_bbh_round40", "ae46658", "(round 39's code on round 36's seeds and windows)"),
+    Round("41", "compare_strategies_bbh_round41", "ae46658",
+          "(round 39's code on seeds no run had used; held-out window seed mod 2, test 124: the seeds cover "
+          "the whole test split)"),
 )
 
 
