@@ -1404,8 +1404,9 @@ class Evolver:
             self._save(evo)
 
 
-def _net(before: dict[PairKey, Any], after: dict[PairKey, Any]) -> dict[str, int]:
-    """Two sets of results paired on the outcomes both have: n, wins, losses and net of `after`."""
+def _net(before: dict[PairKey, Any], after: dict[PairKey, Any]) -> dict[str, Any]:
+    """Two sets of results paired on the outcomes both have: n, wins, losses and net of `after`, and
+    the net's standard error under no change (`se`, each question one unit)."""
     keys = sorted(k for k in after if k in before)
     outcomes = {k: before[k].correct for k in keys}, {k: after[k].correct for k in keys}
     _, wins, losses = paired(*outcomes)
