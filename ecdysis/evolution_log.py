@@ -13,6 +13,7 @@ tolerates rows written by older versions (a missing key is its default), so no f
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
@@ -22,6 +23,12 @@ def _pick(cls: type, data: Mapping[str, Any] | None) -> dict[str, Any]:
     ignored, missing ones take the field's default."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in (data or {}).items() if k in names}
+
+
+def _no_change_error(se: float | None, wins: int, losses: int) -> float:
+    """A stored standard error of no change (`gate.spread`), or, for a row stored before it was,
+    the one-model figure its gate used: sqrt(wins + losses)."""
+    return se if se is not None else math.sqrt(wins + losses)
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,7 @@ class GateVerdict:
 
     @property
     def error(self) -> float:
-        return self.se if self.se is not None else (self.wins + self.losses) ** 0.5
+        return _no_change_error(self.se, self.wins, self.losses)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -104,6 +111,10 @@ class Screening:
     # (`Evolver._readings_by_validation`): n, wins, losses, net, and `rivals` (proposal_id,
     # operator, wins, losses, net each), which decided the order they were validated in.
     contest: Mapping[str, Any] | None = None
+
+    @property
+    def error(self) -> float:
+        return _no_change_error(self.se, self.wins, self.losses)
 
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None) -> Screening | None:

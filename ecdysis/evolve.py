@@ -13,7 +13,6 @@ without redoing finished work or losing a decision."""
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
@@ -22,6 +21,7 @@ from typing import Any, Callable
 from ecdysis import diagnosis, lifecycle
 from ecdysis.diffs import FileDiff, apply_diffs
 from ecdysis.errors import BudgetExceeded, Cancelled, ConfigError, Conflict, InputError
+from ecdysis.evolution_log import Screening
 from ecdysis.gate import (DEFAULT_K, POLICIES, AcceptancePolicy, GateVerdict, PairKey, approved_files, call_cost,
                           calls_per_instance, cost_shortfall, decide, errors_said, paired, spread)
 from ecdysis.harness import harness_id, new_version
@@ -677,7 +677,7 @@ class Evolver:
             # 33, option scoring at 2 calls an instance went first on 7 won, 3 lost of 24 and was
             # refused at +4 of 120, 240 calls before answer extraction, 1 call, was kept at +5).
             r = screened[pid]
-            clear = r["net"] > cfg.screen_k * _error(r)
+            clear = r["net"] > cfg.screen_k * (Screening.parse(r) or Screening()).error
             return (not clear, -r["net"] if clear else r["extra_calls"], -r["net"], r["extra_calls"], pids.index(pid))
         ordered = self._readings_by_validation(evo, cfg, cur, sorted(survivors, key=order), budget)
         if not cfg.complements:
@@ -1411,13 +1411,6 @@ def _net(before: dict[PairKey, Any], after: dict[PairKey, Any]) -> dict[str, Any
     outcomes = {k: before[k].correct for k in keys}, {k: after[k].correct for k in keys}
     _, wins, losses = paired(*outcomes)
     return {"n": len(keys), "wins": wins, "losses": losses, "net": wins - losses, "se": round(spread(*outcomes), 4)}
-
-
-def _error(measured: dict[str, Any]) -> float:
-    """The standard error stored with a screen or a contest (`gate.spread`), or the one-model
-    figure for one stored before it was."""
-    se = measured.get("se")
-    return float(se) if se is not None else math.sqrt(measured.get("wins", 0) + measured.get("losses", 0))
 
 
 def _newly_read(operator: str | None, own: list[Instance], models: list[str], parent: dict[PairKey, Any],

@@ -114,6 +114,9 @@ def test_two_models_winning_the_same_questions_are_one_piece_of_evidence_each() 
     from ecdysis.evolution_log import GateVerdict
     old = GateVerdict.parse({"passed": False, "reason": "", "wins": 16, "losses": 4, "n": 40})
     assert old.se is None and old.error == pytest.approx(20 ** 0.5)
+    from ecdysis.evolution_log import Screening  # a screen too, as the screening order reads it
+    assert Screening.parse({"wins": 7, "losses": 3, "net": 4}).error == pytest.approx(10 ** 0.5)
+    assert Screening.parse({"wins": 7, "losses": 3, "net": 4, "se": 4.0}).error == 4.0
     assert GateVerdict.parse(verdict.to_json()) == verdict
 
 
