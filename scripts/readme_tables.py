@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Put the committed benchmark tables into the README: the text between
-`<!-- bench:NAME -->` and `<!-- /bench:NAME -->` becomes `bench/results/NAME.md`.
+"""Put the committed benchmark tables into the README and the rounds pages beside the results: the
+text between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` becomes `bench/results/NAME.md`.
 
-    python scripts/readme_tables.py           # rewrite README.md in place
+    python scripts/readme_tables.py           # rewrite the documents in place
     python scripts/readme_tables.py --check   # exit 1 if any section differs from its results file
 """
 
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
 SECTION = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S)
 
 
@@ -25,19 +26,27 @@ def render(readme: str, results: Path) -> str:
     return SECTION.sub(fill, readme)
 
 
+def documents() -> list[Path]:
+    """The README, and the pages that keep each benchmark round's story so the README can stay short."""
+    return [ROOT / "README.md", *sorted((RESULTS / "strategy_rounds").glob("*.md"))]
+
+
 def main(argv: list[str]) -> int:
-    path = ROOT / "README.md"
-    current = path.read_text()
-    wanted = render(current, ROOT / "bench" / "results")
-    if "--check" in argv:
-        missing = [m["name"] for m in SECTION.finditer(current)
-                   if not (ROOT / "bench" / "results" / f"{m['name']}.md").exists()]
-        if wanted != current or missing:
-            print("README.md's benchmark sections differ from bench/results/*.md: "
-                  "run python scripts/readme_tables.py", file=sys.stderr)
-            return 1
-        return 0
-    path.write_text(wanted)
+    stale = []
+    for path in documents():
+        current = path.read_text()
+        wanted = render(current, RESULTS)
+        missing = [m["name"] for m in SECTION.finditer(current) if not (RESULTS / f"{m['name']}.md").exists()]
+        if "--check" in argv:
+            if wanted != current or missing:
+                stale.append(f"{path.relative_to(ROOT)}" + (f" (no results file for {', '.join(missing)})"
+                                                            if missing else ""))
+        elif wanted != current:
+            path.write_text(wanted)
+    if stale:
+        print(f"benchmark sections differ from bench/results/*.md in {'; '.join(stale)}: "
+              "run python scripts/readme_tables.py", file=sys.stderr)
+        return 1
     return 0
 
 

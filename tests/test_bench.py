@@ -24,6 +24,13 @@ def test_readme_benchmark_sections_are_the_committed_results() -> None:
     readme = (ROOT / "README.md").read_text()
     for name in ("embedded_throughput", "role_outputs"):
         assert f"<!-- bench:{name} -->" in readme
+    # Each round's story lives on the rounds page, which the check covers as it covers the README.
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import readme_tables
+    rounds_page = ROOT / "bench/results/strategy_rounds/bbh.md"
+    assert rounds_page in readme_tables.documents()
+    assert "<!-- bench:compare_strategies_bbh_round41 -->" in rounds_page.read_text()
+    assert "(bench/results/strategy_rounds/bbh.md)" in readme
 
 
 def test_the_table_of_strategy_rounds_is_what_the_results_files_say(tmp_path: Path) -> None:
