@@ -94,13 +94,27 @@ class Harness:
         self.params: dict[str, Any] = dict(self.config.get("params", {}))
 
     def read(self, name: str) -> str:
-        path = (self.dir / name).resolve()
-        if self.dir.resolve() not in path.parents and path != self.dir.resolve():
-            raise ValueError(f"{name!r} is outside the harness folder")
+        """The text of the harness's file `name`, "" when it has none (an optional file)."""
+        path = self._path(name)
         return path.read_text() if path.exists() else ""
 
     def render(self, name: str, **variables: Any) -> str:
-        return render(self.read(name), variables)
+        """The template file `name` filled with `variables`. A template the harness does not have
+        is an error, not an empty prompt: an edit that names a file wrongly (Qwen 1.5B once put a
+        sentence of its specification where the name goes) would otherwise send every question the
+        same empty messages, and only validation would find out."""
+        path = self._path(name)
+        if not path.is_file():
+            shown = name if len(name) <= 80 else name[:77] + "..."
+            have = sorted(p.name for p in self.dir.iterdir() if p.is_file())
+            raise FileNotFoundError(f"the harness has no template {shown!r}; its files: {', '.join(have)}")
+        return render(path.read_text(), variables)
+
+    def _path(self, name: str) -> Path:
+        path = (self.dir / name).resolve()
+        if self.dir.resolve() not in path.parents and path != self.dir.resolve():
+            raise ValueError(f"{name!r} is outside the harness folder")
+        return path
 
     def task_variables(self, task: dict[str, Any]) -> dict[str, Any]:
         """The variables templates can use: the task's fields, `choices_text` (A. ..., B. ...),

@@ -225,6 +225,15 @@ def test_a_patch_that_breaks_the_harness_fails_its_checks() -> None:
     loads = next(c for c in report.proposals[0].checks if c.name == "loads")
     assert not loads.ok and "RuntimeError: nope" in loads.detail and "smoke run" in loads.detail
 
+    # A template named wrongly (as Qwen 1.5B did on BIG-Bench Hard) fails the smoke run, so it never
+    # reaches validation as a harness that asks every question with empty messages.
+    misnamed = {"spec": SPEC, "edits": [{"path": "harness.py", "find": 'harness.render("user.md"',
+                                         "replace": 'harness.render("Ask for a final Answer: line."'}]}
+    report = run_diagnosis(MemoryStore(), role_backend=scripted_roles(misnamed), max_rounds=1)
+    loads = next(c for c in report.proposals[0].checks if c.name == "loads")
+    assert report.proposals[0].status == "rejected" and not loads.ok
+    assert "no template 'Ask for a final Answer: line.'" in loads.detail and "smoke run" in loads.detail
+
 
 def test_a_patch_must_apply_to_the_current_harness() -> None:
     current = starter_files()

@@ -74,6 +74,24 @@ def test_hostile_harness_is_one_typed_failure(code: str, kind: str, needle: str)
         pool.close()
 
 
+def test_a_template_the_harness_does_not_have_fails_the_instance_by_name() -> None:
+    """Rendering a missing template is a typed failure naming it and the files there are, never an
+    empty prompt sent to the model (a Qwen 1.5B edit once named a sentence as the template, and every
+    question went out as the same empty messages)."""
+    name = "Replace the system prompt with a prompt that asks for the whole task and for a final Answer: line."
+    code = starter_files()["harness.py"].replace('harness.render("system.md"', f'harness.render("{name}"')
+    assert code != starter_files()["harness.py"]
+    calls: list[dict] = []
+    pool = WorkerPool(files_with(code), FAST)
+    try:
+        out = pool.solve(TASK, echo_model(calls))
+    finally:
+        pool.close()
+    assert out.answer is None and out.error_type == "exception", out
+    assert "FileNotFoundError: the harness has no template 'Replace the system prompt" in (out.error_message or "")
+    assert "system.md, user.md" in (out.error_message or "") and calls == []
+
+
 def test_megabytes_of_output_are_cut_to_a_tail() -> None:
     code = "def solve(task, model, harness):\n    print('x' * 5_000_000)\n    print('END')\n    return 'ok'\n"
     pool = WorkerPool(files_with(code), FAST)
