@@ -1,0 +1,345 @@
+"""How far the repair catalogue can lift a suite at all: the best held-out accuracy of any harness
+built from the text-answer operators, found by a greedy search that chooses on the held-out split
+itself, so that no strategy drawing on the same catalogue can beat it there.
+
+The strategy benchmark (`bench/compare_strategies.py`) asks which strategy trains the better
+harness. This one asks how much better any harness from the catalogue could be, on the same
+models and the same sealed test instances. A strategy can only lead another by what lies between
+the other's harness and this ceiling; where that gap is smaller than the test split resolves, no
+strategy can be shown ahead, however it searches.
+
+What it does:
+1. Runs the starter harness on a train batch with each model, and makes one cluster of all its
+   failures there (so every operator whose answer form is present can apply) and the sanctioned
+   exemplars (train instances every model passed) for few-shot.
+2. Greedy forward selection on the chosen split: each round adds to the best harness so far each
+   operator not yet in it, one at a time, runs every candidate on the split with every model, and
+   keeps the best if it answers at least one more outcome right; it stops when nothing gains or at
+   `--depth`.
+3. Reports every candidate of every round (accuracy, paired wins and losses against its round's
+   base, charged calls and model seconds), the path, and the ceiling's paired delta against the
+   starter and against each `--reference` harness (the harnesses the strategies kept), in points
+   with a 95 % bootstrap interval drawn as the strategy benchmark draws it (test instances, each
+   with every model's outcome on it).
+
+The ceiling chooses on the split it reports, so it is an upper bound, not a result a strategy
+could claim: it fits the test instances. Repairs of reading (`answer_extraction`,
+`choice_matching`) reuse the cached replies and cost nothing more; the response cache makes a
+rerun on the same `--home` continue where it stopped.
+
+    .venv/bin/python bench/catalogue_ceiling.py --suite bbh:date_understanding+formal_fallacies+navigate \\
+        --reference answer_extraction --reference choice_matching --home DIR
+    .venv/bin/python bench/catalogue_ceiling.py --quick      # a smoke run: smollm2, tiny splits
+
+`self_consistency` is left out unless named in `--operators`: its five samples make a candidate
+cost five times the calls (600 on a validation of 60 questions and two models, most of the
+strategies' 800-call budget), and every strategy round that validated it rolled it back.
+Nothing else should be generating while it runs; load and CPU steal are recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.machine import cpu_counters, load_average, now, steal_pct, write_results  # noqa: E402
+
+NAME = "catalogue_ceiling"
+SKIPPED_BY_DEFAULT = ("self_consistency",)
+
+
+@dataclass
+class Measured:
+    """One harness on the split: each model's outcome per instance, its calls, and the model seconds
+    of the calls it was the first to make (a call another candidate made first came from the cache:
+    a repair of reading costs nothing more than the replies it reads)."""
+
+    chain: tuple[str, ...]
+    harness_id: str
+    outcomes: dict[tuple[str, str], float] = field(default_factory=dict)
+    calls: int = 0
+    new_calls: int = 0
+    model_s: float = 0.0
+
+    @property
+    def right(self) -> int:
+        return int(sum(self.outcomes.values()))
+
+    @property
+    def accuracy(self) -> float:
+        return self.right / len(self.outcomes) if self.outcomes else 0.0
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """What operators are given: one cluster of every starter failure on the train batch, and the
+    train instances every model passed (the only instances few-shot may quote)."""
+
+    cluster: Any
+    exemplars: tuple[Any, ...]
+    failures: int
+    outcomes: int
+
+
+def label(suite: str, split: str, window: int, harness_id: str, model: str) -> str:
+    return f"ceiling:{suite}:{split}:{window}:{harness_id}:{model}"
+
+
+def run_once(svc: Any, suite: Any, model: str, version: Any, split: str, instances: Sequence[Any],
+             run_label: str) -> list[Any]:
+    """The results of `version` on `instances` with `model`: a finished run of this label is
+    reused, an unfinished one continued, else one is made."""
+    from ecdysis.budget import CallBudget
+    from ecdysis.runner import Runner
+    mine = [r for r in svc.store.list_runs(limit=100000) if r.label == run_label]
+    run = mine[0] if mine else Runner(svc.store, limits=svc.limits()).create(
+        suite, model, version, split=split, label=run_label, instances=list(instances))
+    if run.status != "done":
+        svc.execute_run(run.id, budget=CallBudget())
+    return svc.store.get_results(run.id)
+
+
+def train_context(svc: Any, suite_name: str, models: Sequence[str], batch: int) -> TrainContext:
+    """The starter on the first `batch` train instances with each model, as one cluster."""
+    from ecdysis.aggregate import Cluster
+    from ecdysis.diagnosis import sanctioned_exemplars
+    from ecdysis.failures import extract_failures
+    from ecdysis.harness import ensure_starter
+    from ecdysis.runner import pick_instances
+    suite = svc.suite(suite_name)
+    starter = ensure_starter(svc.store)
+    instances = pick_instances(suite, "train", batch)
+    by_id = {i.id: i for i in suite.instances}
+    results, failures = [], []
+    for model in models:
+        got = run_once(svc, suite, model, starter, "train", instances, label(suite_name, "train", 0, starter.id, model))
+        results += [(suite_name, r) for r in got]
+        failures += extract_failures(got, by_id, suite=suite_name, harness_version=starter.id)
+    cluster = Cluster(id="ceiling", type="wrong_answer", label="every starter failure of the train batch",
+                      failures=failures, terms=[], systematicity=1.0, components={}, verdict="harness",
+                      reason="the ceiling's own cluster", evidence=[])
+    exemplars = sanctioned_exemplars(results, {suite_name: suite}, failures)
+    return TrainContext(cluster, tuple(exemplars), len(failures), len(results))
+
+
+def build(chain: Sequence[str], ctx: TrainContext, catalogue: Mapping[str, Any]) -> dict[str, str] | str:
+    """The starter with the chain's operators applied in order, or why one of them cannot apply."""
+    from ecdysis.harness import starter_files
+    from ecdysis.roles.repairs import RepairInput
+    files = dict(starter_files())
+    for name in chain:
+        op = catalogue[name]
+        inp = RepairInput(files=files, cluster=ctx.cluster, exemplars=ctx.exemplars)
+        if op.present(files):
+            return f"{name} is already in the harness"
+        why = op.unavailable(inp)
+        if why:
+            return f"{name}: {why}"
+        files = op.apply(inp).files
+    return files
+
+
+def measure(svc: Any, suite_name: str, models: Sequence[str], split: str, window: int, limit: int,
+            chain: Sequence[str], files: dict[str, str], note: str) -> Measured:
+    from ecdysis.harness import harness_id, new_version
+    from ecdysis.runner import pick_instances
+    suite = svc.suite(suite_name)
+    version = svc.store.get_harness(harness_id(files)) or svc.store.put_harness(
+        new_version(files, parent=None, note=note))
+    instances = pick_instances(suite, split, limit, window=window)
+    out = Measured(tuple(chain), version.id)
+    for model in models:
+        for r in run_once(svc, suite, model, version, split, instances, label(suite_name, split, window, version.id, model)):
+            out.outcomes[(model, r.instance_id)] = float(r.correct)
+            for c in r.calls:
+                out.calls += 1
+                out.new_calls += not c.cache_hit
+                out.model_s += 0.0 if c.cache_hit else c.latency_s
+    out.model_s = round(out.model_s, 1)
+    return out
+
+
+def paired(mine: Measured, base: Measured) -> dict[str, Any]:
+    """Wins and losses of `mine` against `base` on the outcomes both have, and the delta in points
+    with a 95 % bootstrap interval (instances drawn with all their models' outcomes)."""
+    from bench.compare_strategies import intervals
+    keys = sorted(set(mine.outcomes) & set(base.outcomes))
+    wins = sum(1 for k in keys if mine.outcomes[k] > base.outcomes[k])
+    losses = sum(1 for k in keys if mine.outcomes[k] < base.outcomes[k])
+    delta = intervals([{k: 100 * (mine.outcomes[k] - base.outcomes[k]) for k in keys}])
+    return {"wins": wins, "losses": losses, "delta_points": {"mean": delta["mean"], "ci95": delta["ci95"]}}
+
+
+def greedy(svc: Any, args: argparse.Namespace, ctx: TrainContext, catalogue: Mapping[str, Any],
+           starter: Measured, say: Any = print) -> tuple[list[dict[str, Any]], Measured, dict[str, Measured]]:
+    """Rounds of forward selection from the starter; each candidate measured once (by chain)."""
+    seen: dict[tuple[str, ...], Measured] = {(): starter}
+    best, rounds = starter, []
+    for depth in range(1, args.depth + 1):
+        tried: list[dict[str, Any]] = []
+        for name in catalogue:
+            if name in best.chain:
+                continue
+            chain = best.chain + (name,)
+            files = build(chain, ctx, catalogue)
+            if isinstance(files, str):
+                tried.append({"operator": name, "unavailable": files})
+                continue
+            if chain not in seen:
+                t0 = time.perf_counter()
+                seen[chain] = measure(svc, args.suite, args.model, args.split, args.holdout_window, args.limit,
+                                      chain, files, f"ceiling: {' + '.join(chain)}")
+                say(f"  round {depth}: {' + '.join(chain)}: {seen[chain].accuracy:.3f} "
+                    f"({seen[chain].new_calls} new calls, {time.perf_counter() - t0:.0f} s)")
+            got = seen[chain]
+            tried.append({"operator": name, "accuracy": round(got.accuracy, 4), "right": got.right,
+                          "calls": got.calls, "new_calls": got.new_calls, "model_s": got.model_s,
+                          **paired(got, best)})
+        measured = [t for t in tried if "accuracy" in t]
+        top = max(measured, key=lambda t: (t["right"], -t["calls"]), default=None)  # a tie: the fewer calls
+        gained = top is not None and top["right"] > best.right
+        rounds.append({"depth": depth, "base": list(best.chain), "base_accuracy": round(best.accuracy, 4),
+                       "candidates": tried, "kept": top["operator"] if gained else None})
+        if not gained:
+            break
+        best = seen[best.chain + (top["operator"],)]
+    return rounds, best, {" + ".join(k) or "starter": v for k, v in seen.items()}
+
+
+def run(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
+    from ecdysis.harness import starter_files
+    from ecdysis.roles.operators import OPERATORS
+    from ecdysis.service import Service
+    from storage import open_store
+    from ecdysis.settings import Settings
+    settings = Settings.from_env()
+    svc = Service(open_store(settings.database_url), settings)
+    wanted = args.operators or [n for n in OPERATORS if n not in SKIPPED_BY_DEFAULT]
+    unknown = [n for n in wanted + args.reference if n not in OPERATORS]
+    if unknown:
+        raise SystemExit(f"unknown operator(s): {', '.join(unknown)}; the catalogue has {', '.join(OPERATORS)}")
+    catalogue = {n: OPERATORS[n] for n in wanted}
+    cpu0, load0, started = cpu_counters(), load_average(), time.perf_counter()
+    ctx = train_context(svc, args.suite, args.model, args.train)
+    say(f"train batch: {ctx.outcomes} outcomes, {ctx.failures} failures, {len(ctx.exemplars)} exemplars")
+    starter = measure(svc, args.suite, args.model, args.split, args.holdout_window, args.limit, (),
+                      dict(starter_files()), "starter")
+    say(f"starter: {starter.accuracy:.3f} on {len(starter.outcomes)} outcomes")
+    rounds, ceiling, seen = greedy(svc, args, ctx, catalogue, starter, say)
+    references: dict[str, Any] = {}
+    for name in args.reference:
+        files = build((name,), ctx, OPERATORS)
+        if isinstance(files, str):
+            references[name] = {"unavailable": files}
+            continue
+        ref = seen.get(name) or measure(svc, args.suite, args.model, args.split, args.holdout_window, args.limit,
+                                        (name,), files, f"ceiling reference: {name}")
+        references[name] = {"accuracy": round(ref.accuracy, 4), "ceiling_minus_it": paired(ceiling, ref)}
+    from bench.compare_strategies import intervals
+    return {
+        "suite": args.suite, "models": list(args.model), "split": args.split, "window": args.holdout_window,
+        "limit": args.limit, "train": args.train, "depth": args.depth, "operators": list(catalogue),
+        "left_out": [n for n in OPERATORS if n not in catalogue and n not in _agent_operators()],
+        "train_failures": ctx.failures, "train_outcomes": ctx.outcomes, "exemplars": len(ctx.exemplars),
+        "starter": {"accuracy": round(starter.accuracy, 4), "n": len(starter.outcomes),
+                    "harness": starter.harness_id, "model_s": starter.model_s},
+        "rounds": rounds,
+        "ceiling": {"chain": list(ceiling.chain), "harness": ceiling.harness_id,
+                    "accuracy": intervals([ceiling.outcomes]), "vs_starter": paired(ceiling, starter)},
+        "references": references,
+        "measured": now(), "wall_s": round(time.perf_counter() - started, 1), "load": [load0, load_average()],
+        "steal_pct": steal_pct(cpu0, cpu_counters()),
+    }
+
+
+def _agent_operators() -> set[str]:
+    from ecdysis.roles.agent_operators import AGENT_OPERATORS
+    return {op.name for op in AGENT_OPERATORS}
+
+
+def _pts(d: Mapping[str, Any]) -> str:
+    lo, hi = d["ci95"]
+    return f"{d['mean']:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    acc = result["ceiling"]["accuracy"]
+    chain = " + ".join(result["ceiling"]["chain"]) or "the starter (no operator gains)"
+    lines = [f"**{result['suite']}**, models {', '.join(result['models'])}: the {result['split']} split "
+             f"(window {result['window']}, {result['starter']['n']} outcomes). Greedy forward selection over "
+             f"{', '.join(f'`{n}`' for n in result['operators'])}, choosing on this split (an upper bound, fitted "
+             f"to it); left out: {', '.join(f'`{n}`' for n in result['left_out']) or 'none'}. Operators see one "
+             f"cluster of the starter's {result['train_failures']} failures on {result['train_outcomes']} train "
+             f"outcomes and {result['exemplars']} exemplars. Measured {result['measured']}, {result['wall_s']:.0f} s; "
+             f"load {result['load'][0]}→{result['load'][1]}, CPU steal {result['steal_pct']} %.", ""]
+    lines += ["| round | base | candidate | accuracy | vs base (won / lost) | delta (points, 95 % CI) "
+              "| calls (new) | new model s |", "|---|---|---|---:|---|---|---:|---:|"]
+    for rnd in result["rounds"]:
+        base = " + ".join(rnd["base"]) or "starter"
+        for c in rnd["candidates"]:
+            if "unavailable" in c:
+                lines.append(f"| {rnd['depth']} | {base} | `{c['operator']}` | — | unavailable: "
+                             f"{c['unavailable'].split(': ', 1)[-1]} | | | |")
+                continue
+            mark = "**" if c["operator"] == rnd["kept"] else ""
+            lines.append(f"| {rnd['depth']} | {base} | {mark}`{c['operator']}`{mark} | {c['accuracy']:.3f} | "
+                         f"{c['wins']} / {c['losses']} | {_pts(c['delta_points'])} | {c['calls']} ({c['new_calls']}) "
+                         f"| {c['model_s']:.0f} |")
+    lines += ["", f"- Starter: {result['starter']['accuracy']:.3f}. **Ceiling: {chain}, "
+                  f"{acc['mean']:.3f} [{acc['ci95'][0]:.3f}, {acc['ci95'][1]:.3f}]**, "
+                  f"{_pts(result['ceiling']['vs_starter']['delta_points'])} points over the starter "
+                  f"({result['ceiling']['vs_starter']['wins']} won, {result['ceiling']['vs_starter']['losses']} lost)."]
+    for name, ref in result["references"].items():
+        if "unavailable" in ref:
+            lines.append(f"- `{name}`: unavailable ({ref['unavailable']}).")
+            continue
+        gap = ref["ceiling_minus_it"]
+        lines.append(f"- `{name}` alone: {ref['accuracy']:.3f}; the ceiling is {_pts(gap['delta_points'])} points "
+                     f"above it ({gap['wins']} won, {gap['losses']} lost).")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default="bbh:date_understanding+formal_fallacies+navigate")
+    parser.add_argument("--model", action="append", help="repeatable (default: the two-model batch)")
+    parser.add_argument("--split", default="test", choices=("validation", "test"))
+    parser.add_argument("--limit", type=int, default=100, help="instances of the split (the strategies' test-limit)")
+    parser.add_argument("--holdout-window", type=int, default=0, help="which --limit window of the split")
+    parser.add_argument("--train", type=int, default=24, help="train instances the operators' cluster comes from")
+    parser.add_argument("--depth", type=int, default=3, help="most operators in the ceiling's harness")
+    parser.add_argument("--operators", nargs="+", default=None,
+                        help=f"the catalogue to search (default: every text operator but {', '.join(SKIPPED_BY_DEFAULT)})")
+    parser.add_argument("--reference", action="append", default=[],
+                        help="an operator whose one-change harness the ceiling is compared with (repeatable)")
+    parser.add_argument("--quick", action="store_true", help="a tiny configuration, for tests")
+    parser.add_argument("--home", default=None, help="data folder (kept: a rerun reuses its runs and cache)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--name", default=NAME, help="results file name (without .json/.md)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model = args.model or ["smollm2"]
+        args.suite, args.limit, args.train, args.depth = "bbh:navigate", 6, 6, 2
+        args.operators = args.operators or ["answer_extraction", "choice_matching", "answer_format_instruction"]
+    os.environ["ECDYSIS_HOME"] = args.home or tempfile.mkdtemp(prefix="ecdysis-ceiling-")
+    os.environ.pop("ECDYSIS_DATABASE_URL", None)
+    if not args.model:
+        from ecdysis.settings import Settings
+        args.model = list(Settings.from_env().default_models)
+    result = run(args)
+    write_results(Path(args.out), args.name, result, markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
