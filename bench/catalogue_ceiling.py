@@ -90,8 +90,10 @@ class TrainContext:
     outcomes: int
 
 
-def label(suite: str, split: str, window: int, harness_id: str, model: str) -> str:
-    return f"ceiling:{suite}:{split}:{window}:{harness_id}:{model}"
+def label(suite: str, split: str, window: int, limit: int, harness_id: str, model: str) -> str:
+    """How a run of the ceiling is named in --home, so that a rerun finds it: what it ran, on which
+    instances (the split's `limit` instances of `window`)."""
+    return f"ceiling:{suite}:{split}:{window}:{limit}:{harness_id}:{model}"
 
 
 def run_once(svc: Any, suite: Any, model: str, version: Any, split: str, instances: Sequence[Any],
@@ -121,7 +123,7 @@ def train_context(svc: Any, suite_name: str, models: Sequence[str], batch: int) 
     by_id = {i.id: i for i in suite.instances}
     results, failures = [], []
     for model in models:
-        got = run_once(svc, suite, model, starter, "train", instances, label(suite_name, "train", 0, starter.id, model))
+        got = run_once(svc, suite, model, starter, "train", instances, label(suite_name, "train", 0, batch, starter.id, model))
         results += [(suite_name, r) for r in got]
         failures += extract_failures(got, by_id, suite=suite_name, harness_version=starter.id)
     cluster = Cluster(id="ceiling", type="wrong_answer", label="every starter failure of the train batch",
@@ -158,7 +160,7 @@ def measure(svc: Any, suite_name: str, models: Sequence[str], split: str, window
     instances = pick_instances(suite, split, limit, window=window)
     out = Measured(tuple(chain), version.id)
     for model in models:
-        for r in run_once(svc, suite, model, version, split, instances, label(suite_name, split, window, version.id, model)):
+        for r in run_once(svc, suite, model, version, split, instances, label(suite_name, split, window, limit, version.id, model)):
             out.outcomes[(model, r.instance_id)] = float(r.correct)
             for c in r.calls:
                 out.calls += 1
@@ -223,8 +225,8 @@ def run(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
     from ecdysis.settings import Settings
     settings = Settings.from_env()
     svc = Service(open_store(settings.database_url), settings)
-    wanted = args.operators or [n for n in OPERATORS if n not in SKIPPED_BY_DEFAULT]
-    unknown = [n for n in wanted + args.reference if n not in OPERATORS]
+    wanted = args.operators or [n for n in OPERATORS if n not in SKIPPED_BY_DEFAULT and n not in _agent_operators()]
+    unknown = [n for n in wanted + [op for ref in args.reference for op in ref.split("+")] if n not in OPERATORS]
     if unknown:
         raise SystemExit(f"unknown operator(s): {', '.join(unknown)}; the catalogue has {', '.join(OPERATORS)}")
     catalogue = {n: OPERATORS[n] for n in wanted}
@@ -237,12 +239,13 @@ def run(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
     rounds, ceiling, seen = greedy(svc, args, ctx, catalogue, starter, say)
     references: dict[str, Any] = {}
     for name in args.reference:
-        files = build((name,), ctx, OPERATORS)
+        chain = tuple(name.split("+"))
+        files = build(chain, ctx, OPERATORS)
         if isinstance(files, str):
             references[name] = {"unavailable": files}
             continue
-        ref = seen.get(name) or measure(svc, args.suite, args.model, args.split, args.holdout_window, args.limit,
-                                        (name,), files, f"ceiling reference: {name}")
+        ref = seen.get(" + ".join(chain)) or measure(svc, args.suite, args.model, args.split, args.holdout_window,
+                                                     args.limit, chain, files, f"ceiling reference: {name}")
         references[name] = {"accuracy": round(ref.accuracy, 4), "ceiling_minus_it": paired(ceiling, ref)}
     from bench.compare_strategies import intervals
     return {
@@ -303,7 +306,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             lines.append(f"- `{name}`: unavailable ({ref['unavailable']}).")
             continue
         gap = ref["ceiling_minus_it"]
-        lines.append(f"- `{name}` alone: {ref['accuracy']:.3f}; the ceiling is {_pts(gap['delta_points'])} points "
+        lines.append(f"- `{name}`{' alone' if '+' not in name else ''}: {ref['accuracy']:.3f}; the ceiling is {_pts(gap['delta_points'])} points "
                      f"above it ({gap['wins']} won, {gap['losses']} lost).")
     return "\n".join(lines) + "\n"
 
@@ -319,9 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--train", type=int, default=24, help="train instances the operators' cluster comes from")
     parser.add_argument("--depth", type=int, default=3, help="most operators in the ceiling's harness")
     parser.add_argument("--operators", nargs="+", default=None,
-                        help=f"the catalogue to search (default: every text operator but {', '.join(SKIPPED_BY_DEFAULT)})")
+                        help="the catalogue to search (default: every operator of written answers but "
+                             f"{', '.join(SKIPPED_BY_DEFAULT)}; the agent operators apply to function calls only)")
     parser.add_argument("--reference", action="append", default=[],
-                        help="an operator whose one-change harness the ceiling is compared with (repeatable)")
+                        help="a harness the ceiling is compared with, as its operators joined by '+' in the "
+                             "order they apply (the change a strategy kept; repeatable)")
     parser.add_argument("--quick", action="store_true", help="a tiny configuration, for tests")
     parser.add_argument("--home", default=None, help="data folder (kept: a rerun reuses its runs and cache)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))

@@ -37,6 +37,7 @@ def _run(tmp_path: Path, script: Path, out: Path) -> dict:
     assert catalogue_ceiling.main(["--suite", "arithmetic", "--model", f"scripted:{script}", "--split", "test",
                                    "--limit", "6", "--train", "6", "--depth", "3", "--operators", *OPERATORS,
                                    "--reference", "answer_extraction", "--reference", "choice_matching",
+                                   "--reference", "answer_format_instruction+answer_extraction",
                                    "--home", str(tmp_path / "home"), "--out", str(out)]) == 0
     return json.loads((out / "catalogue_ceiling.json").read_text())
 
@@ -64,6 +65,9 @@ def test_the_ceiling_keeps_the_repair_that_gains_and_stops_when_nothing_does(tmp
     # The reference the ceiling equals is 0 points below it; an operator the suite cannot take says why.
     assert result["references"]["answer_extraction"]["ceiling_minus_it"]["delta_points"]["mean"] == 0.0
     assert "options" in result["references"]["choice_matching"]["unavailable"]
+    # A reference of two changes applies them in the order named: here the prompt change and the repair.
+    pair = result["references"]["answer_format_instruction+answer_extraction"]
+    assert pair["accuracy"] == 1.0 and pair["ceiling_minus_it"]["wins"] == pair["ceiling_minus_it"]["losses"] == 0
     assert result["left_out"] == [n for n in result["left_out"] if n not in OPERATORS] and \
         "self_consistency" in result["left_out"]
     table = (out / "catalogue_ceiling.md").read_text()
