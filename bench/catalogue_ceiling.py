@@ -123,7 +123,8 @@ def train_context(svc: Any, suite_name: str, models: Sequence[str], batch: int) 
     by_id = {i.id: i for i in suite.instances}
     results, failures = [], []
     for model in models:
-        got = run_once(svc, suite, model, starter, "train", instances, label(suite_name, "train", 0, batch, starter.id, model))
+        run_label = label(suite_name, "train", 0, batch, starter.id, model)
+        got = run_once(svc, suite, model, starter, "train", instances, run_label)
         results += [(suite_name, r) for r in got]
         failures += extract_failures(got, by_id, suite=suite_name, harness_version=starter.id)
     cluster = Cluster(id="ceiling", type="wrong_answer", label="every starter failure of the train batch",
@@ -160,7 +161,8 @@ def measure(svc: Any, suite_name: str, models: Sequence[str], split: str, window
     instances = pick_instances(suite, split, limit, window=window)
     out = Measured(tuple(chain), version.id)
     for model in models:
-        for r in run_once(svc, suite, model, version, split, instances, label(suite_name, split, window, limit, version.id, model)):
+        run_label = label(suite_name, split, window, limit, version.id, model)
+        for r in run_once(svc, suite, model, version, split, instances, run_label):
             out.outcomes[(model, r.instance_id)] = float(r.correct)
             for c in r.calls:
                 out.calls += 1
@@ -306,7 +308,8 @@ def markdown(result: Mapping[str, Any]) -> str:
             lines.append(f"- `{name}`: unavailable ({ref['unavailable']}).")
             continue
         gap = ref["ceiling_minus_it"]
-        lines.append(f"- `{name}`{' alone' if '+' not in name else ''}: {ref['accuracy']:.3f}; the ceiling is {_pts(gap['delta_points'])} points "
+        alone = " alone" if "+" not in name else ""
+        lines.append(f"- `{name}`{alone}: {ref['accuracy']:.3f}; the ceiling is {_pts(gap['delta_points'])} points "
                      f"above it ({gap['wins']} won, {gap['losses']} lost).")
     return "\n".join(lines) + "\n"
 
