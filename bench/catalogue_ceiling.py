@@ -40,7 +40,6 @@ Nothing else should be generating while it runs; load and CPU steal are recorded
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -90,47 +89,59 @@ class TrainContext:
     outcomes: int
 
 
-def label(suite: str, split: str, window: int, limit: int, harness_id: str, model: str) -> str:
-    """How a run of the ceiling is named in --home, so that a rerun finds it: what it ran, on which
-    instances (the split's `limit` instances of `window`)."""
-    return f"ceiling:{suite}:{split}:{window}:{limit}:{harness_id}:{model}"
+@dataclass(frozen=True)
+class Split:
+    """The instances every candidate runs on (the suite loaded and the window picked once), and how
+    its runs are named in --home so that a rerun finds them."""
+
+    suite: Any
+    name: str
+    window: int
+    limit: int
+    instances: tuple[Any, ...]
+
+    @staticmethod
+    def of(suite: Any, name: str, limit: int, window: int = 0) -> "Split":
+        from ecdysis.runner import pick_instances
+        return Split(suite, name, window, limit, tuple(pick_instances(suite, name, limit, window=window)))
+
+    def label(self, harness_id: str, model: str) -> str:
+        """What a run ran, on which instances (the split's `limit` instances of `window`)."""
+        return f"ceiling:{self.suite.name}:{self.name}:{self.window}:{self.limit}:{harness_id}:{model}"
 
 
-def run_once(svc: Any, suite: Any, model: str, version: Any, split: str, instances: Sequence[Any],
-             run_label: str) -> list[Any]:
-    """The results of `version` on `instances` with `model`: a finished run of this label is
-    reused, an unfinished one continued, else one is made."""
+def run_once(svc: Any, split: Split, model: str, version: Any) -> list[Any]:
+    """The results of `version` on the split with `model`: a finished run of its label is reused,
+    an unfinished one continued, else one is made."""
     from ecdysis.budget import CallBudget
     from ecdysis.runner import Runner
+    run_label = split.label(version.id, model)
     mine = [r for r in svc.store.list_runs(limit=100000) if r.label == run_label]
     run = mine[0] if mine else Runner(svc.store, limits=svc.limits()).create(
-        suite, model, version, split=split, label=run_label, instances=list(instances))
+        split.suite, model, version, split=split.name, label=run_label, instances=list(split.instances))
     if run.status != "done":
         svc.execute_run(run.id, budget=CallBudget())
     return svc.store.get_results(run.id)
 
 
-def train_context(svc: Any, suite_name: str, models: Sequence[str], batch: int) -> TrainContext:
+def train_context(svc: Any, suite: Any, models: Sequence[str], batch: int) -> TrainContext:
     """The starter on the first `batch` train instances with each model, as one cluster."""
     from ecdysis.aggregate import Cluster
     from ecdysis.diagnosis import sanctioned_exemplars
     from ecdysis.failures import extract_failures
     from ecdysis.harness import ensure_starter
-    from ecdysis.runner import pick_instances
-    suite = svc.suite(suite_name)
     starter = ensure_starter(svc.store)
-    instances = pick_instances(suite, "train", batch)
+    train = Split.of(suite, "train", batch)
     by_id = {i.id: i for i in suite.instances}
     results, failures = [], []
     for model in models:
-        run_label = label(suite_name, "train", 0, batch, starter.id, model)
-        got = run_once(svc, suite, model, starter, "train", instances, run_label)
-        results += [(suite_name, r) for r in got]
-        failures += extract_failures(got, by_id, suite=suite_name, harness_version=starter.id)
+        got = run_once(svc, train, model, starter)
+        results += [(suite.name, r) for r in got]
+        failures += extract_failures(got, by_id, suite=suite.name, harness_version=starter.id)
     cluster = Cluster(id="ceiling", type="wrong_answer", label="every starter failure of the train batch",
                       failures=failures, terms=[], systematicity=1.0, components={}, verdict="harness",
                       reason="the ceiling's own cluster", evidence=[])
-    exemplars = sanctioned_exemplars(results, {suite_name: suite}, failures)
+    exemplars = sanctioned_exemplars(results, {suite.name: suite}, failures)
     return TrainContext(cluster, tuple(exemplars), len(failures), len(results))
 
 
@@ -151,18 +162,14 @@ def build(chain: Sequence[str], ctx: TrainContext, catalogue: Mapping[str, Any])
     return files
 
 
-def measure(svc: Any, suite_name: str, models: Sequence[str], split: str, window: int, limit: int,
-            chain: Sequence[str], files: dict[str, str], note: str) -> Measured:
+def measure(svc: Any, split: Split, models: Sequence[str], chain: Sequence[str], files: dict[str, str],
+            note: str) -> Measured:
     from ecdysis.harness import harness_id, new_version
-    from ecdysis.runner import pick_instances
-    suite = svc.suite(suite_name)
     version = svc.store.get_harness(harness_id(files)) or svc.store.put_harness(
         new_version(files, parent=None, note=note))
-    instances = pick_instances(suite, split, limit, window=window)
     out = Measured(tuple(chain), version.id)
     for model in models:
-        run_label = label(suite_name, split, window, limit, version.id, model)
-        for r in run_once(svc, suite, model, version, split, instances, run_label):
+        for r in run_once(svc, split, model, version):
             out.outcomes[(model, r.instance_id)] = float(r.correct)
             for c in r.calls:
                 out.calls += 1
@@ -175,18 +182,22 @@ def measure(svc: Any, suite_name: str, models: Sequence[str], split: str, window
 def paired(mine: Measured, base: Measured) -> dict[str, Any]:
     """Wins and losses of `mine` against `base` on the outcomes both have, and the delta in points
     with a 95 % bootstrap interval (instances drawn with all their models' outcomes)."""
-    from bench.compare_strategies import intervals
+    from bench.compare_strategies import bootstrap
     keys = sorted(set(mine.outcomes) & set(base.outcomes))
     wins = sum(1 for k in keys if mine.outcomes[k] > base.outcomes[k])
     losses = sum(1 for k in keys if mine.outcomes[k] < base.outcomes[k])
-    delta = intervals([{k: 100 * (mine.outcomes[k] - base.outcomes[k]) for k in keys}])
-    return {"wins": wins, "losses": losses, "delta_points": {"mean": delta["mean"], "ci95": delta["ci95"]}}
+    mean, ci95 = bootstrap([{k: 100 * (mine.outcomes[k] - base.outcomes[k]) for k in keys}])
+    return {"wins": wins, "losses": losses, "delta_points": {"mean": mean, "ci95": ci95}}
 
 
-def greedy(svc: Any, args: argparse.Namespace, ctx: TrainContext, catalogue: Mapping[str, Any],
-           starter: Measured, say: Any = print) -> tuple[list[dict[str, Any]], Measured, dict[str, Measured]]:
-    """Rounds of forward selection from the starter; each candidate measured once (by chain)."""
-    seen: dict[tuple[str, ...], Measured] = {(): starter}
+Seen = dict[tuple[str, ...], Measured]
+
+
+def greedy(svc: Any, args: argparse.Namespace, split: Split, ctx: TrainContext, catalogue: Mapping[str, Any],
+           starter: Measured, say: Any = print) -> tuple[list[dict[str, Any]], Measured, Seen]:
+    """Rounds of forward selection from the starter; each candidate measured once (by chain), and
+    every measured chain returned so a reference among them is not run again."""
+    seen: Seen = {(): starter}
     best, rounds = starter, []
     for depth in range(1, args.depth + 1):
         tried: list[dict[str, Any]] = []
@@ -200,8 +211,7 @@ def greedy(svc: Any, args: argparse.Namespace, ctx: TrainContext, catalogue: Map
                 continue
             if chain not in seen:
                 t0 = time.perf_counter()
-                seen[chain] = measure(svc, args.suite, args.model, args.split, args.holdout_window, args.limit,
-                                      chain, files, f"ceiling: {' + '.join(chain)}")
+                seen[chain] = measure(svc, split, args.model, chain, files, f"ceiling: {' + '.join(chain)}")
                 say(f"  round {depth}: {' + '.join(chain)}: {seen[chain].accuracy:.3f} "
                     f"({seen[chain].new_calls} new calls, {time.perf_counter() - t0:.0f} s)")
             got = seen[chain]
@@ -216,16 +226,14 @@ def greedy(svc: Any, args: argparse.Namespace, ctx: TrainContext, catalogue: Map
         if not gained:
             break
         best = seen[best.chain + (top["operator"],)]
-    return rounds, best, {" + ".join(k) or "starter": v for k, v in seen.items()}
+    return rounds, best, seen
 
 
-def run(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
+def run(args: argparse.Namespace, settings: Any, say: Any = print) -> dict[str, Any]:
     from ecdysis.harness import starter_files
     from ecdysis.roles.operators import OPERATORS
     from ecdysis.service import Service
     from storage import open_store
-    from ecdysis.settings import Settings
-    settings = Settings.from_env()
     svc = Service(open_store(settings.database_url), settings)
     wanted = args.operators or [n for n in OPERATORS if n not in SKIPPED_BY_DEFAULT and n not in _agent_operators()]
     unknown = [n for n in wanted + [op for ref in args.reference for op in ref.split("+")] if n not in OPERATORS]
@@ -233,12 +241,13 @@ def run(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
         raise SystemExit(f"unknown operator(s): {', '.join(unknown)}; the catalogue has {', '.join(OPERATORS)}")
     catalogue = {n: OPERATORS[n] for n in wanted}
     cpu0, load0, started = cpu_counters(), load_average(), time.perf_counter()
-    ctx = train_context(svc, args.suite, args.model, args.train)
+    suite = svc.suite(args.suite)
+    ctx = train_context(svc, suite, args.model, args.train)
     say(f"train batch: {ctx.outcomes} outcomes, {ctx.failures} failures, {len(ctx.exemplars)} exemplars")
-    starter = measure(svc, args.suite, args.model, args.split, args.holdout_window, args.limit, (),
-                      dict(starter_files()), "starter")
+    split = Split.of(suite, args.split, args.limit, args.holdout_window)
+    starter = measure(svc, split, args.model, (), dict(starter_files()), "starter")
     say(f"starter: {starter.accuracy:.3f} on {len(starter.outcomes)} outcomes")
-    rounds, ceiling, seen = greedy(svc, args, ctx, catalogue, starter, say)
+    rounds, ceiling, seen = greedy(svc, args, split, ctx, catalogue, starter, say)
     references: dict[str, Any] = {}
     for name in args.reference:
         chain = tuple(name.split("+"))
@@ -246,8 +255,7 @@ def run(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
         if isinstance(files, str):
             references[name] = {"unavailable": files}
             continue
-        ref = seen.get(" + ".join(chain)) or measure(svc, args.suite, args.model, args.split, args.holdout_window,
-                                                     args.limit, chain, files, f"ceiling reference: {name}")
+        ref = seen.get(chain) or measure(svc, split, args.model, chain, files, f"ceiling reference: {name}")
         references[name] = {"accuracy": round(ref.accuracy, 4), "ceiling_minus_it": paired(ceiling, ref)}
     from bench.compare_strategies import intervals
     return {
@@ -339,12 +347,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.model = args.model or ["smollm2"]
         args.suite, args.limit, args.train, args.depth = "bbh:navigate", 6, 6, 2
         args.operators = args.operators or ["answer_extraction", "choice_matching", "answer_format_instruction"]
-    os.environ["ECDYSIS_HOME"] = args.home or tempfile.mkdtemp(prefix="ecdysis-ceiling-")
-    os.environ.pop("ECDYSIS_DATABASE_URL", None)
-    if not args.model:
-        from ecdysis.settings import Settings
-        args.model = list(Settings.from_env().default_models)
-    result = run(args)
+    from bench.compare_strategies import home_settings
+    settings = home_settings(args.home or tempfile.mkdtemp(prefix="ecdysis-ceiling-"))
+    args.model = args.model or list(settings.default_models)
+    result = run(args, settings)
     write_results(Path(args.out), args.name, result, markdown(result))
     return 0
 
