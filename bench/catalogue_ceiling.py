@@ -54,6 +54,7 @@ from bench.machine import cpu_counters, load_average, now, steal_pct, write_resu
 
 NAME = "catalogue_ceiling"
 SKIPPED_BY_DEFAULT = ("self_consistency",)
+POLL_S = 10.0  # how often a run another process holds is looked at again
 
 
 @dataclass
@@ -110,17 +111,28 @@ class Split:
         return f"ceiling:{self.suite.name}:{self.name}:{self.window}:{self.limit}:{harness_id}:{model}"
 
 
-def run_once(svc: Any, split: Split, model: str, version: Any) -> list[Any]:
+def run_once(svc: Any, split: Split, model: str, version: Any, say: Any = print) -> list[Any]:
     """The results of `version` on the split with `model`: a finished run of its label is reused,
-    an unfinished one continued, else one is made."""
+    an unfinished one continued, else one is made. A run another process is executing (a second
+    ceiling on the same --home) is waited for: it ends done, or its holder died and its lease
+    lapses, and then this process continues it."""
     from ecdysis.budget import CallBudget
+    from ecdysis.errors import Conflict
     from ecdysis.runner import Runner
     run_label = split.label(version.id, model)
     mine = [r for r in svc.store.list_runs(limit=100000) if r.label == run_label]
     run = mine[0] if mine else Runner(svc.store, limits=svc.limits()).create(
         split.suite, model, version, split=split.name, label=run_label, instances=list(split.instances))
-    if run.status != "done":
-        svc.execute_run(run.id, budget=CallBudget())
+    waiting = False
+    while svc.store.get_run(run.id).status != "done":
+        try:
+            svc.execute_run(run.id, budget=CallBudget())
+            break
+        except Conflict as exc:
+            if not waiting:
+                say(f"  waiting: {exc.message}")
+                waiting = True
+            time.sleep(POLL_S)
     return svc.store.get_results(run.id)
 
 

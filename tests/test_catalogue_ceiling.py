@@ -101,3 +101,53 @@ def test_quick_mode_on_a_real_embedded_model(tmp_path: Path, monkeypatch) -> Non
     kept = [r["kept"] for r in result["rounds"] if r["kept"]]
     assert result["ceiling"]["chain"] == kept
     assert result["starter"]["model_s"] > 0
+
+
+def test_a_run_another_process_holds_is_waited_for_then_reused(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A second ceiling on the same data folder finds a run another process is executing: it waits
+    for that run's lease instead of failing, and the run is made once and finished once (by
+    whichever process takes it when the lease is released)."""
+    import threading
+    import time
+
+    from bench.compare_strategies import home_settings
+    from ecdysis.budget import CallBudget
+    from ecdysis.errors import Conflict
+    from ecdysis.harness import ensure_starter
+    from ecdysis.leases import Held, run_key
+    from ecdysis.runner import Runner
+    from ecdysis.service import Service
+    from ecdysis.suites import load_suite
+    from storage import open_store
+    monkeypatch.delenv("ECDYSIS_DATABASE_URL", raising=False)
+    monkeypatch.setattr(catalogue_ceiling, "POLL_S", 0.2)
+    script, home = _script(tmp_path), tmp_path / "home"
+    settings = home_settings(str(home))
+    svc = Service(open_store(settings.database_url), settings)
+    model, suite = f"scripted:{script}", load_suite("arithmetic")
+    starter = ensure_starter(svc.store)
+    train = catalogue_ceiling.Split.of(suite, "train", 6)
+    run = Runner(svc.store, limits=svc.limits()).create(suite, model, starter, split="train",
+                                                        label=train.label(starter.id, model),
+                                                        instances=list(train.instances))
+    held = threading.Event()
+
+    def other_process() -> None:  # holds the run's lease a moment, then tries to finish the run
+        with Held(svc.store, run_key(run.id), ttl_s=30, role="other"):
+            held.set()
+            time.sleep(1.0)
+        try:
+            svc.execute_run(run.id, budget=CallBudget())
+        except Conflict:  # the waiting ceiling took the run first
+            pass
+
+    worker = threading.Thread(target=other_process)
+    worker.start()
+    held.wait(5)
+    result = _run(tmp_path, script, tmp_path / "results")
+    worker.join()
+    assert "waiting: run " + run.id in capsys.readouterr().out
+    assert result["train_outcomes"] == 6 and result["ceiling"]["chain"] == ["answer_extraction"]
+    labels = [r.label for r in svc.store.list_runs(limit=1000)]
+    assert len(labels) == len(set(labels))  # every run made once
+    assert svc.store.get_run(run.id).status == "done" and len(svc.store.get_results(run.id)) == 6
