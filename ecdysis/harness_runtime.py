@@ -199,17 +199,27 @@ class _HttpModel:
         self.api_key = api_key
 
     def generate(self, messages: list[dict[str, str]], *, temperature: float = 0.0,
-                 max_tokens: int = 256, stop: list[str] | None = None, seed: int = 0) -> Reply:
+                 max_tokens: int = 256, stop: list[str] | None = None, seed: int = 0,
+                 schema: dict[str, Any] | None = None) -> Reply:
+        import urllib.error
         import urllib.request
         body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": temperature,
                                 "max_tokens": max_tokens, "seed": seed}
         if stop:
             body["stop"] = stop
+        if schema is not None:  # structured output, where the server has it
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "reply", "schema": schema, "strict": False}}
         req = urllib.request.Request(f"{self.base_url}/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json",
                                               "Authorization": f"Bearer {self.api_key or 'none'}"})
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            data = json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                data = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            if schema is not None and exc.code in (400, 422):  # no structured output here: the harness may ask again
+                raise ModelCallError(f"the server refused the reply's schema: HTTP {exc.code}") from None
+            raise
         choice = data["choices"][0]
         usage = data.get("usage") or {}
         return Reply(text=choice["message"].get("content") or "",

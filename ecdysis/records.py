@@ -73,8 +73,10 @@ class Suite:
 @dataclass(frozen=True)
 class CompletionRequest:
     """Messages in; the cache key covers everything that can change the text out. `json_schema`
-    (canonical JSON text, empty for free text) asks the backend for output of that shape with its
-    native structured-output feature. `options`, when given, asks for no text at all: the backend
+    (JSON text, empty for free text) asks the backend for output of that shape with its native
+    structured-output feature; its properties keep the order they were given in, because a grammar
+    made from it asks for them in that order (a call's "name" before its "arguments"), and the
+    cache key covers that order too. `options`, when given, asks for no text at all: the backend
     scores each option as the assistant's reply (its log-probability given the messages), and the
     completion carries the scores. Each enters the cache key only when set, so plain keys stay
     what they were."""
@@ -96,7 +98,7 @@ class CompletionRequest:
             messages=tuple((str(m["role"]), str(m["content"])) for m in messages),
             temperature=float(temperature), max_tokens=int(max_tokens),
             stop=tuple(stop or ()), seed=int(seed),
-            json_schema=json.dumps(json_schema, sort_keys=True, ensure_ascii=False) if json_schema else "",
+            json_schema=json.dumps(json_schema, ensure_ascii=False) if json_schema else "",
             options=checked_options(options))
 
     def message_dicts(self) -> list[dict[str, str]]:
@@ -121,8 +123,19 @@ class CompletionRequest:
 def request_key(model_id: str, request: dict[str, Any]) -> str:
     """The cache key of a request in its `to_json` form: a recorded call's (`ModelCall.request`)
     is its request's `cache_key`."""
+    if isinstance(request.get("json_schema"), dict):  # its order is part of what it asks for
+        request = {**request, "json_schema": json.dumps(request["json_schema"], ensure_ascii=False)}
     blob = json.dumps({"model": model_id, **request}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def keys_sorted(value: Any) -> Any:
+    """`value` with every object's keys in sorted order, all the way down."""
+    if isinstance(value, dict):
+        return {k: keys_sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [keys_sorted(v) for v in value]
+    return value
 
 
 MAX_OPTIONS = 64         # options one scoring call may weigh

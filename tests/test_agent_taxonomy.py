@@ -164,14 +164,22 @@ TASK = {"input": "Set the flag on at level 2, and plan a route from Oslo to Berg
 def test_the_agent_repairs_compose_and_report_presence() -> None:
     starter = read_dir(STARTER_AGENT_DIR)
     assert not any(op.present(starter) for op in AGENT_OPERATORS)
-    files = agent_files(*(op.name for op in AGENT_OPERATORS))
-    assert all(op.present(files) for op in AGENT_OPERATORS)
+    every = agent_files(*(op.name for op in AGENT_OPERATORS))
+    assert all(op.present(every) for op in AGENT_OPERATORS)
     reply = json.dumps([{"name": "set_flag", "arguments": {"enabled": "true", "level": "2"}},
                         {"name": "plan_route", "arguments": {"start": "Oslo", "stops": "Bergen"}},
                         {"name": "made_up", "arguments": {}}])
-    answer, requests = solve(files, TASK, ["Let me think about which function to use.", reply])
-    assert json.loads(answer) == [{"name": "set_flag", "arguments": {"enabled": True, "level": 2.0}},
-                                  {"name": "plan_route", "arguments": {"start": "Oslo", "stops": ["Bergen"]}}]
+    prose = "Let me think about which function to use."
+    fixed = [{"name": "set_flag", "arguments": {"enabled": True, "level": 2.0}},
+             {"name": "plan_route", "arguments": {"start": "Oslo", "stops": ["Bergen"]}}]
+    # With call_schema, applied last, the prose reply is asked for again under the schema first
+    # (the same messages), and the retry finds that reply readable.
+    answer, requests = solve(every, TASK, [prose, reply])
+    assert json.loads(answer) == fixed and len(requests) == 2
+    assert "json_schema" in requests[1] and requests[1]["messages"] == requests[0]["messages"]
+    files = agent_files(*(op.name for op in AGENT_OPERATORS if op.name != "call_schema"))
+    answer, requests = solve(files, TASK, [prose, reply])
+    assert json.loads(answer) == fixed
     assert len(requests) == 2  # the prose reply was re-asked once
     last = requests[1]["messages"]
     assert last[-2] == {"role": "assistant", "content": "Let me think about which function to use."}

@@ -263,6 +263,25 @@ class FailingBackend:
         pass
 
 
+def test_role_schemas_reach_the_backend_in_sorted_key_order(case: CaseFile) -> None:
+    """The roles were measured with their schemas' keys sorted (the engine sorted every schema until
+    harness schemas needed their own order, a call's name before its arguments): a role's request
+    keeps that order, at every level, so its grammar is the one it was measured with."""
+    from ecdysis.records import keys_sorted
+    seen: list[dict] = []
+
+    class Recording(ScriptedBackend):
+        def complete(self, request):  # type: ignore[no-untyped-def]
+            seen.append(request.schema())
+            return super().complete(request)
+
+    good = {"root_cause": "first-line extraction", "component": "harness.py:extract_answer", "evidence": ["x"]}
+    LLMRoleBackend(Recording(queue=[json.dumps(good)])).run("investigator", case, 1)
+    assert seen and seen[0] == generation_schema("investigator", case)
+    assert json.dumps(seen[0]) == json.dumps(keys_sorted(seen[0]))
+    assert json.dumps(generation_schema("investigator", case)) != json.dumps(seen[0])  # it was not sorted
+
+
 def test_llm_role_repairs_then_falls_back(case: CaseFile) -> None:
     good = {"root_cause": "first-line extraction", "component": "harness.py:extract_answer", "evidence": ["x"]}
     model = ScriptedBackend(queue=["I think it is the extractor.", "```json\n" + json.dumps(good) + "\n```"])

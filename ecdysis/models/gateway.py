@@ -3,6 +3,8 @@ concurrency limit. Every call the runner records goes through here."""
 
 from __future__ import annotations
 
+import json
+
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -81,7 +83,30 @@ def harness_request(req: dict[str, Any]) -> CompletionRequest:
     harness requests alike, so a harness behaves the same in both."""
     return CompletionRequest.make(list(req.get("messages") or []), temperature=req.get("temperature", 0.0),
                                   max_tokens=min(int(req.get("max_tokens", 256)), 4096), stop=req.get("stop"),
-                                  seed=req.get("seed", 0), options=req.get("options"))
+                                  seed=req.get("seed", 0), options=req.get("options"),
+                                  json_schema=checked_schema(req.get("json_schema")))
+
+
+# The largest JSON schema a harness may ask its reply to follow, as canonical JSON text: a call
+# list's schema for BFCL's longest function docs is about 6,000 characters.
+MAX_SCHEMA_CHARS = 32_000
+
+
+def checked_schema(schema: Any) -> dict[str, Any] | None:
+    """A harness's `schema=` for a reply, or None for free text; raises TypeError or ValueError for
+    one that is not a JSON object of bounded size (harness code is untrusted: the schema becomes a
+    sampling grammar in the engine)."""
+    if schema is None:
+        return None
+    if not isinstance(schema, dict):
+        raise TypeError("schema must be a JSON schema object (a dict) or None")
+    try:
+        text = json.dumps(schema, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"schema is not JSON: {exc}") from None
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise ValueError(f"schema is {len(text):,} characters as JSON, more than {MAX_SCHEMA_CHARS:,}")
+    return schema
 
 
 def harness_reply(completion: Completion) -> dict[str, Any]:

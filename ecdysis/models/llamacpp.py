@@ -122,6 +122,8 @@ class LlamaCppBackend:
     def _complete(self, request: CompletionRequest) -> Completion:
         if request.options:
             return self._score(request)
+        if request.json_schema:
+            _grammar_of(request.json_schema, self.model_id)
         with self._lock:
             llm = self._load()
             # The prompt is evaluated in batches that depend on the prompt alone, and the previous
@@ -319,6 +321,18 @@ def _log_softmax(llm: Any) -> Any:
     logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).astype(np.float64)
     top = logits.max()
     return logits - (top + np.log(np.exp(logits - top).sum()))
+
+
+def _grammar_of(schema_text: str, model_id: str) -> str:
+    """The sampling grammar of a reply's JSON schema, or ModelError (`bad_request`) for a schema
+    llama.cpp's converter refuses (it asserts on an unknown type or a dangling $ref): a harness
+    sends the schema, so a bad one is the harness's error, not the engine's."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    try:
+        return json_schema_to_gbnf(schema_text)
+    except Exception as exc:  # AssertionError, KeyError, RecursionError from the converter
+        raise ModelError(f"{model_id}: the reply's JSON schema cannot be made a grammar: {exc}",
+                         kind="bad_request") from None
 
 
 def score_options(llm: Any, prompt: list[int], options: tuple[str, ...], n_ctx: int) -> tuple[list[float], list[int]]:

@@ -20,7 +20,7 @@ from ecdysis.budget import CallBudget
 from ecdysis.errors import ModelError
 from ecdysis.models.base import ModelBackend
 from ecdysis.models.gateway import ModelGateway
-from ecdysis.records import CompletionRequest
+from ecdysis.records import CompletionRequest, keys_sorted
 from ecdysis.roles.base import SCHEMAS, CaseFile, RoleMessage, RoleName, RoleTurn, render_output, schema_errors
 from ecdysis.roles.heuristic import HeuristicRoleBackend
 from ecdysis.roles.drafting import ProposalError, closed_operators, materialize
@@ -294,7 +294,9 @@ class LLMRoleBackend:
         messages = prompt.messages(case, self.file_chars)
         log = [self._msg(round, role, "prompt", messages[-1]["content"])]
         errors: list[str] = []
-        schema = generation_schema(role, case) if self.structured else None
+        # In sorted key order, as every role was measured with (before 2026-12-07 every schema was
+        # sorted on its way to the backend); a harness's schema keeps its own order.
+        schema = keys_sorted(generation_schema(role, case)) if self.structured else None
         for attempt in range(2):
             try:
                 reply = self.gateway.complete(CompletionRequest.make(messages, max_tokens=self._budget(role, case),

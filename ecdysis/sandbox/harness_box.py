@@ -49,9 +49,17 @@ class _PipeModel:
         self._out = rpc_out
 
     def generate(self, messages: list[dict[str, str]], *, temperature: float = 0.0,
-                 max_tokens: int = 256, stop: list[str] | None = None, seed: int = 0) -> _rt.Reply:
-        reply = self._call({"messages": _messages(messages), "temperature": float(temperature),
-                            "max_tokens": int(max_tokens), "stop": list(stop or []), "seed": int(seed)})
+                 max_tokens: int = 256, stop: list[str] | None = None, seed: int = 0,
+                 schema: dict[str, Any] | None = None) -> _rt.Reply:
+        """The model's reply to `messages`. With `schema` (a JSON schema object) the reply is JSON
+        of that shape where the backend can constrain its output (a grammar for the embedded
+        models, structured output for API backends); the engine refuses a schema that is not a
+        bounded JSON object, and the harness gets ModelCallError."""
+        request = {"messages": _messages(messages), "temperature": float(temperature),
+                   "max_tokens": int(max_tokens), "stop": list(stop or []), "seed": int(seed)}
+        if schema is not None:
+            request["json_schema"] = schema
+        reply = self._call(request)
         return _rt.Reply(text=reply.get("text", ""), finish_reason=reply.get("finish_reason", "stop"),
                      prompt_tokens=reply.get("prompt_tokens", 0),
                      completion_tokens=reply.get("completion_tokens", 0))

@@ -1,0 +1,191 @@
+"""`call_schema`: an agent's reply decoded under a JSON schema made from the task's own function
+docs. The harness asks with `model.generate(..., schema=...)`; the engine checks the schema (a
+bounded JSON object), the embedded models turn it into a sampling grammar, and a schema the
+converter refuses is the harness's error, which the repair answers by generating freely."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ecdysis.errors import ModelError
+from ecdysis.harness import STARTER_AGENT_DIR, read_dir, validate_files
+from ecdysis.models.gateway import MAX_SCHEMA_CHARS, harness_request
+from ecdysis.roles.operators import OPERATORS
+from ecdysis.roles.repairs import RepairInput
+from ecdysis.sandbox import SandboxLimits, WorkerPool
+from test_agent_taxonomy import FLAG, ROUTE, TASK, _string_typed_batch
+
+FAST = SandboxLimits(timeout_s=10.0, memory_mb=512)
+WORDS = {"name": "pick_word", "description": "Pick a word.",
+         "parameters": {"type": "dict", "properties": {
+             "word": {"type": "string", "enum": ["alpha", "beta"]},
+             "options": {"type": "dict", "properties": {"upper": {"type": "boolean"}}, "required": []},
+             "anything": {"type": "any"}}, "required": ["word"]}}
+
+
+def schema_files() -> dict[str, str]:
+    from ecdysis.aggregate import aggregate
+    failures, batch, _ = _string_typed_batch()
+    inp = RepairInput(read_dir(STARTER_AGENT_DIR), aggregate(failures, batch)[0])
+    assert OPERATORS["call_schema"].unavailable(inp) is None
+    files = OPERATORS["call_schema"].apply(inp).files
+    validate_files(files)
+    assert OPERATORS["call_schema"].present(files)
+    return files
+
+
+def solve(files: dict[str, str], task: dict, answer: Any) -> tuple[str | None, list[dict]]:
+    """The harness on `task` in the real sandbox; `answer(request)` is the engine's reply."""
+    requests: list[dict] = []
+
+    def on_generate(request: dict) -> dict:
+        requests.append(request)
+        return answer(request)
+
+    pool = WorkerPool(files, FAST)
+    try:
+        outcome = pool.solve(task, on_generate)
+    finally:
+        pool.close()
+    assert outcome.error_type is None, outcome.error_message
+    return outcome.answer, requests
+
+
+def text(reply: str) -> Any:
+    return lambda request: {"op": "completion", "text": reply, "finish_reason": "stop",
+                            "prompt_tokens": 1, "completion_tokens": 1}
+
+
+def two_replies(free: str, constrained: str) -> Any:
+    """The model: `free` when asked without a schema, `constrained` under one."""
+    return lambda request: text(constrained if "json_schema" in request else free)(request)
+
+
+FITS = '[{"name": "set_flag", "arguments": {"enabled": true, "level": 2.5}}]'
+
+
+def test_a_reply_that_fits_the_functions_is_kept_as_written_with_no_second_call() -> None:
+    answer, requests = solve(schema_files(), TASK, two_replies(FITS, "[]"))
+    assert json.loads(answer) == json.loads(FITS) and len(requests) == 1 and "json_schema" not in requests[0]
+    plain, plain_requests = solve(read_dir(STARTER_AGENT_DIR), TASK, text(FITS))
+    assert plain == answer and plain_requests == requests
+    # Calling nothing fits too: [] is a list of calls.
+    assert solve(schema_files(), TASK, two_replies("[]", FITS))[0] == "[]"
+
+
+@pytest.mark.parametrize("free, why", [
+    ("Set the flag, then plan the route.", "prose"),
+    ('[{"name": "set_flags", "arguments": {"enabled": true, "level": 2}}]', "an unlisted function"),
+    ('[{"name": "set_flag", "arguments": {"enabled": true}}]', "a required parameter missing"),
+    ('[{"name": "set_flag", "arguments": {"enabled": true, "level": 2, "colour": "red"}}]', "an undeclared one"),
+])
+def test_a_reply_that_does_not_fit_is_asked_for_again_under_the_schema(free: str, why: str) -> None:
+    answer, requests = solve(schema_files(), TASK, two_replies(free, FITS))
+    assert json.loads(answer) == json.loads(FITS), why
+    assert ["json_schema" in r for r in requests] == [False, True]
+    assert requests[1]["messages"] == requests[0]["messages"]  # the same question, under the schema
+    schema = requests[1]["json_schema"]
+    assert schema["type"] == "array"
+    kinds = schema["items"]["anyOf"]
+    assert [k["properties"]["name"] for k in kinds] == [{"const": "set_flag"}, {"const": "plan_route"}]
+    flag = kinds[0]["properties"]["arguments"]
+    # BFCL's "float" and "dict" are JSON schema's "number" and "object"; declared parameters only.
+    assert flag["properties"] == {"enabled": {"type": "boolean"}, "level": {"type": "number"}}
+    assert flag["required"] == ["enabled", "level"] and flag["additionalProperties"] is False
+    assert kinds[1]["properties"]["arguments"]["properties"]["stops"] == {"type": "array"}
+    # A call's name comes before its arguments, and the parameters keep the functions' order: the
+    # grammar asks for them in the order given, so the engine must not sort them (it did, and Qwen
+    # 0.5B, made to write the arguments first, answered [] where it had called the right function).
+    engine = harness_request(requests[1]).schema()
+    assert list(engine["items"]["anyOf"][0]["properties"]) == ["name", "arguments"]
+    assert list(engine["items"]["anyOf"][1]["properties"]["arguments"]["properties"]) == ["start", "stops"]
+    swapped = {**requests[1], "json_schema": {**schema, "items": {"anyOf": [
+        {**k, "properties": {"arguments": k["properties"]["arguments"], "name": k["properties"]["name"]}}
+        for k in kinds]}}}
+    assert harness_request(swapped).cache_key("m") != harness_request(requests[1]).cache_key("m")
+
+
+def test_enums_nested_objects_and_untyped_parameters_keep_their_meaning() -> None:
+    task = {**TASK, "fields": {"functions": [WORDS]}}
+    _, requests = solve(schema_files(), task, two_replies("no idea", "[]"))
+    schema = requests[1]["json_schema"]
+    one = schema["items"]  # a single function needs no anyOf
+    args = one["properties"]["arguments"]
+    assert args["properties"]["word"] == {"type": "string", "enum": ["alpha", "beta"]}
+    assert args["properties"]["options"] == {"type": "object", "properties": {"upper": {"type": "boolean"}},
+                                             "required": []}
+    assert args["properties"]["anything"] == {}  # "any": any value
+    assert args["required"] == ["word"]
+    # The engine takes it as a request of its own (a different cache key from free text).
+    request = harness_request(requests[1])
+    assert request.schema() == schema
+    assert request.cache_key("m") != harness_request(requests[0]).cache_key("m")
+
+
+def test_a_refused_schema_leaves_the_first_reply_and_tasks_without_functions_are_untouched() -> None:
+    def refuse_schemas(request: dict) -> dict:
+        if "json_schema" in request:
+            return {"op": "model_error", "message": "the reply's JSON schema cannot be made a grammar"}
+        return text("I would plan the route.")(request)
+
+    answer, requests = solve(schema_files(), TASK, refuse_schemas)
+    assert answer == "I would plan the route."
+    assert ["json_schema" in r for r in requests] == [False, True]
+    no_functions = {**TASK, "fields": {}}
+    _, requests = solve(schema_files(), no_functions, text("prose"))
+    assert len(requests) == 1 and "json_schema" not in requests[0]
+
+
+@pytest.mark.parametrize("schema, message", [
+    ("[1, 2]", "must be a JSON schema object"),
+    (["array"], "must be a JSON schema object"),
+    ({"enum": ["x" * (MAX_SCHEMA_CHARS + 1)]}, "more than"),
+    ({"const": float("nan")}, "not JSON"),
+])
+def test_the_engine_refuses_a_schema_that_is_not_a_bounded_json_object(schema: Any, message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        harness_request({"messages": [{"role": "user", "content": "hi"}], "json_schema": schema})
+
+
+def test_a_harness_sending_a_bad_schema_gets_model_call_error_not_a_crash() -> None:
+    """Hostile harness code: what llama.cpp's converter asserts on becomes the harness's ModelCallError
+    (the real converter, no model loaded)."""
+    pytest.importorskip("llama_cpp")
+    from ecdysis.models.llamacpp import _grammar_of
+    for bad in ({"type": "weird"}, {"$ref": "#/nowhere"}):
+        with pytest.raises(ModelError) as caught:
+            _grammar_of(json.dumps(bad), "m")
+        assert caught.value.kind == "bad_request" and "cannot be made a grammar" in str(caught.value)
+    assert "root" in _grammar_of(json.dumps({"type": "array", "items": {"type": "integer"}}), "m")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2", "qwen2.5-coder-0.5b"])
+def test_a_real_model_under_the_schema_answers_with_calls_to_listed_functions(model: str) -> None:
+    """The real embedded model through the gateway, asked under the schema (the harness's second
+    request): its reply is a list of calls, each to a listed function with its required parameters
+    and only declared ones."""
+    from ecdysis.models.gateway import ModelGateway, harness_reply
+    from ecdysis.models.registry import get_backend
+    gateway = ModelGateway(get_backend(model), store=None, use_cache=False)
+
+    def real(request: dict) -> dict:
+        if "json_schema" not in request:
+            return text("Sure! I will plan that route for you.")(request)  # a reply that does not fit
+        try:
+            return harness_reply(gateway.complete(harness_request(request)))
+        except ModelError as exc:
+            return {"op": "model_error", "message": str(exc)}
+
+    task = {"input": "Plan a route from Oslo to Bergen with a stop in Voss.", "choices": None,
+            "category": "x", "fields": {"functions": [FLAG, ROUTE]}}
+    answer, requests = solve(schema_files(), task, real)
+    assert len(requests) == 2 and "json_schema" in requests[1]
+    calls = json.loads(answer)
+    assert isinstance(calls, list)
+    declared = {"set_flag": {"enabled", "level"}, "plan_route": {"start", "stops"}}
+    for call in calls:
+        assert set(call["arguments"]) == declared[call["name"]], call  # all required, none other
