@@ -12,8 +12,10 @@ A harness is a folder with `harness.toml`, prompt templates and `harness.py`, wh
     def solve(task: dict, model: Model, harness: Harness) -> str | dict
 
 `task` has `input`, `choices` (list or None), `category`, `fields`; never the target or the id.
-`model.generate(messages, temperature=, max_tokens=, stop=, seed=)` returns a `Reply` with
-`.text`, `.finish_reason` ("stop" or "length") and token counts. `model.score(messages, options)`
+`model.generate(messages, temperature=, max_tokens=, stop=, seed=, schema=)` returns a `Reply` with
+`.text`, `.finish_reason` ("stop" or "length") and token counts; with `schema` (a JSON schema
+object) the reply is JSON of that shape where the backend can constrain it (a grammar for the
+embedded models, structured output for a server), and `ModelCallError` where it cannot. `model.score(messages, options)`
 returns `Scores`: how likely the model finds each option as its whole reply, without generating
 (embedded models; elsewhere it raises `ModelCallError`, and a harness generates instead). Return
 the final answer as a string, or a dict with an "answer" key.
