@@ -147,15 +147,27 @@ def solve_in_sandbox(files: dict[str, str], task: dict, replies: list[str],
                      limits: Any = None) -> tuple[str | None, list[dict]]:
     """Run a harness on one task in the real sandbox; the model answers from `replies` in order
     (the last one again once they run out). Returns the answer and the requests the harness made."""
-    from ecdysis.sandbox import SandboxLimits, WorkerPool
-    requests: list[dict] = []
     queue = list(replies)
 
-    def on_generate(request: dict) -> dict:
-        requests.append(request)
+    def respond(request: dict) -> dict:
         text = queue.pop(0) if len(queue) > 1 else queue[0]
         return {"op": "completion", "text": text, "finish_reason": "stop", "prompt_tokens": 1,
                 "completion_tokens": 1}
+
+    return solve_responding(files, task, respond, limits)
+
+
+def solve_responding(files: dict[str, str], task: dict, respond: Any,
+                     limits: Any = None) -> tuple[str | None, list[dict]]:
+    """Run a harness on one task in the real sandbox; `respond(request)` is the engine's answer to
+    each model request (a completion, or {"op": "model_error", ...}). Returns the answer and the
+    requests the harness made."""
+    from ecdysis.sandbox import SandboxLimits, WorkerPool
+    requests: list[dict] = []
+
+    def on_generate(request: dict) -> dict:
+        requests.append(request)
+        return respond(request)
 
     pool = WorkerPool(files, limits or SandboxLimits(timeout_s=10.0, memory_mb=512))
     try:

@@ -15,7 +15,8 @@ from ecdysis.harness import STARTER_AGENT_DIR, read_dir, validate_files
 from ecdysis.models.gateway import MAX_SCHEMA_CHARS, harness_request
 from ecdysis.roles.operators import OPERATORS
 from ecdysis.roles.repairs import RepairInput
-from ecdysis.sandbox import SandboxLimits, WorkerPool
+from ecdysis.sandbox import SandboxLimits
+from diagnosis_fixtures import solve_responding
 from test_agent_taxonomy import FLAG, ROUTE, TASK, _string_typed_batch
 
 FAST = SandboxLimits(timeout_s=10.0, memory_mb=512)
@@ -39,19 +40,7 @@ def schema_files() -> dict[str, str]:
 
 def solve(files: dict[str, str], task: dict, answer: Any) -> tuple[str | None, list[dict]]:
     """The harness on `task` in the real sandbox; `answer(request)` is the engine's reply."""
-    requests: list[dict] = []
-
-    def on_generate(request: dict) -> dict:
-        requests.append(request)
-        return answer(request)
-
-    pool = WorkerPool(files, FAST)
-    try:
-        outcome = pool.solve(task, on_generate)
-    finally:
-        pool.close()
-    assert outcome.error_type is None, outcome.error_message
-    return outcome.answer, requests
+    return solve_responding(files, task, answer, FAST)
 
 
 def text(reply: str) -> Any:
