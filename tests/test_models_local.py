@@ -12,7 +12,7 @@ import re
 
 from ecdysis.models.llamacpp import LlamaCppBackend, gguf_path
 from ecdysis.models.registry import LOCAL_NAMES, get_backend
-from ecdysis.records import CompletionRequest
+from ecdysis.records import CompletionRequest, keys_sorted
 from ecdysis.roles.base import schema_errors
 from ecdysis.roles.llm import generation_schema
 
@@ -114,7 +114,10 @@ ROLE_CASE = [{"role": "system", "content": "You diagnose failures of an LLM harn
                                         ("qwen2.5-coder-1.5b", "attributor")])
 def test_json_schema_requests_come_back_in_the_roles_shape(name: str, role: str) -> None:
     backend = get_backend(name)
-    out = backend.complete(CompletionRequest.make(ROLE_CASE, max_tokens=700, json_schema=generation_schema(role)))
+    # As the roles send it: keys sorted (`roles/llm.py`). Sent in the order declared (the CI run of
+    # 2026-12-07), SmolLM2's investigator reply was cut off inside a string.
+    out = backend.complete(CompletionRequest.make(ROLE_CASE, max_tokens=700,
+                                                  json_schema=keys_sorted(generation_schema(role))))
     value = json.loads(out.text)
     assert out.finish_reason == "stop", out.text
     if role == "proposer":  # the generation shape is stricter than the role's own schema
