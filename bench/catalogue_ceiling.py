@@ -254,6 +254,10 @@ def run(args: argparse.Namespace, settings: Any, say: Any = print) -> dict[str, 
     catalogue = {n: OPERATORS[n] for n in wanted}
     cpu0, load0, started = cpu_counters(), load_average(), time.perf_counter()
     suite = svc.suite(args.suite)
+    from ecdysis.harness import calls_functions
+    if calls_functions(suite):
+        raise SystemExit(f"{args.suite} is answered with function calls: the ceiling builds on the reasoning "
+                         "starter and its operators, which never show the model the functions")
     ctx = train_context(svc, suite, args.model, args.train)
     say(f"train batch: {ctx.outcomes} outcomes, {ctx.failures} failures, {len(ctx.exemplars)} exemplars")
     split = Split.of(suite, args.split, args.limit, args.holdout_window)

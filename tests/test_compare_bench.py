@@ -4,6 +4,7 @@ has the documented shape, and the figures follow from the stored evolutions."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -274,3 +275,28 @@ def test_a_results_file_gets_its_intervals_recomputed_from_its_stored_evolutions
     path.write_text(json.dumps(again))
     with pytest.raises(ValueError, match="stored outcomes give a mean test accuracy"):
         compare_strategies.main(["--home", str(home), "--reinterval", str(path)])
+
+
+def test_the_starting_validation_is_the_starter_the_evolutions_start_from(tmp_path: Path) -> None:
+    """On a function-calling suite the evolutions start from the starter agent, so the curves'
+    starting point must be that harness's validation accuracy, not the reasoning starter's (which
+    never shows the model the functions: on BFCL it made the per-instance search's unchanged
+    harness look like a raised target, and its speedup a number instead of None)."""
+    from ecdysis.harness import ensure_starter, ensure_starter_agent
+    from ecdysis.service import Service
+    from ecdysis.suites.bfcl import is_fetched
+    from storage import open_store
+    if not is_fetched():
+        pytest.skip("the BFCL data is not fetched (scripts/fetch_bfcl.py)")
+    script = tmp_path / "model.json"
+    script.write_text(json.dumps({"rules": [], "default": "[]"}))
+    settings = compare_strategies.home_settings(str(tmp_path / "home"))
+    svc = Service(open_store(settings.database_url), settings)
+    args = argparse.Namespace(val_limit=3, model=[f"scripted:{script}"])
+    assert compare_strategies.base_val(svc, args, "bfcl-irrelevance", 0) == 1.0  # [] calls nothing: right
+    runs = svc.store.list_runs()
+    assert [r.harness_version for r in runs] == [ensure_starter_agent(svc.store).id]
+    assert runs[0].harness_version != ensure_starter(svc.store).id
+    # A reasoning suite keeps the reasoning starter.
+    compare_strategies.base_val(svc, args, "arithmetic", 0)
+    assert {r.harness_version for r in svc.store.list_runs() if r.suite == "arithmetic"} == {ensure_starter(svc.store).id}
