@@ -172,11 +172,14 @@ def test_the_agent_repairs_compose_and_report_presence() -> None:
     prose = "Let me think about which function to use."
     fixed = [{"name": "set_flag", "arguments": {"enabled": True, "level": 2.0}},
              {"name": "plan_route", "arguments": {"start": "Oslo", "stops": ["Bergen"]}}]
-    # With call_schema, applied last, the prose reply is asked for again under the schema first
-    # (the same messages), and the retry finds that reply readable.
+    # With call_schema, applied last, the prose reply is judged first: its score request reaches the
+    # model through the other repairs' wrappers, and a model that gives no scores leaves the
+    # decision to the schema. The reply is asked for again under it (the same messages), and the
+    # retry finds that reply readable.
     answer, requests = solve(every, TASK, [prose, reply])
-    assert json.loads(answer) == fixed and len(requests) == 2
-    assert "json_schema" in requests[1] and requests[1]["messages"] == requests[0]["messages"]
+    assert json.loads(answer) == fixed and len(requests) == 3
+    assert requests[1]["options"][0] == "[]" and requests[1]["messages"] == requests[0]["messages"]
+    assert "json_schema" in requests[2] and requests[2]["messages"] == requests[0]["messages"]
     files = agent_files(*(op.name for op in AGENT_OPERATORS if op.name != "call_schema"))
     answer, requests = solve(files, TASK, [prose, reply])
     assert json.loads(answer) == fixed

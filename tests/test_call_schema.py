@@ -27,14 +27,21 @@ WORDS = {"name": "pick_word", "description": "Pick a word.",
              "anything": {"type": "any"}}, "required": ["word"]}}
 
 
-def schema_files() -> dict[str, str]:
+def schema_files(judge: bool = False) -> dict[str, str]:
+    """The starter agent with call_schema applied; its judge (on as the repair writes it) turned
+    off unless `judge`, for the tests of the schema itself."""
     from ecdysis.aggregate import aggregate
+    from ecdysis.harness import params
+    from ecdysis.roles.repairs import set_param
     failures, batch, _ = _string_typed_batch()
     inp = RepairInput(read_dir(STARTER_AGENT_DIR), aggregate(failures, batch)[0])
     assert OPERATORS["call_schema"].unavailable(inp) is None
     files = OPERATORS["call_schema"].apply(inp).files
     validate_files(files)
     assert OPERATORS["call_schema"].present(files)
+    assert params(files)["call_schema_judge"] is True
+    if not judge:
+        files["harness.toml"] = set_param(files["harness.toml"], "call_schema_judge", "false", "test")
     return files
 
 
@@ -133,6 +140,64 @@ def test_a_refused_schema_leaves_the_first_reply_and_tasks_without_functions_are
     assert len(requests) == 1 and "json_schema" not in requests[0]
 
 
+def judged_files(on: bool = True) -> dict[str, str]:
+    return schema_files(judge=on)
+
+
+def judging(free: str, asked: list[float], prior: list[float], constrained: str = FITS) -> Any:
+    """The model: `free` when asked freely, `constrained` under a schema; asked to score "[]" and the
+    start of a call to each listed function, these log-probabilities on the task (`asked`) and on
+    the same prompt with the request replaced by "N/A" (`prior`)."""
+    def answer(request: dict) -> dict:
+        if "options" in request:
+            blank = request["messages"][-1]["content"] == "N/A"
+            return {"op": "completion", "text": "", "option_logprobs": prior if blank else asked,
+                    "option_tokens": [1] * len(asked)}
+        return two_replies(free, constrained)(request)
+    return answer
+
+
+def test_the_judge_asks_whether_the_request_raises_a_call_against_calling_nothing() -> None:
+    # The request raises "[]" (by 1) more than any call's start (by 0.5 at most): the reply is [],
+    # and nothing is generated again, although a call's start is likelier in absolute terms.
+    answer, requests = solve(judged_files(), TASK, judging("No function here can do that.", [-3.0, -2.0, -1.5],
+                                                           [-4.0, -2.5, -2.0]))
+    assert answer == "[]"
+    assert ["options" in r for r in requests] == [False, True, True]
+    assert not any("json_schema" in r for r in requests)
+    asked, blank = requests[1], requests[2]
+    assert asked["options"] == blank["options"] == ["[]", '[{"name": "set_flag"', '[{"name": "plan_route"']
+    assert asked["messages"] == requests[0]["messages"]  # the same question, scored
+    assert blank["messages"][:-1] == asked["messages"][:-1] and blank["messages"][-1] == {"role": "user",
+                                                                                          "content": "N/A"}
+    # The request raises a call more than calling nothing: asked again under the schema.
+    answer, requests = solve(judged_files(), TASK, judging("Set the flag, then plan.", [-1.0, -2.0, -3.0],
+                                                           [-1.5, -5.0, -3.0]))
+    assert json.loads(answer) == json.loads(FITS)
+    assert ["options" in r for r in requests] == [False, True, True, False] and "json_schema" in requests[3]
+    # A call that does not fit is judged too: [] replaces a call to an unlisted function.
+    unlisted = '[{"name": "set_flags", "arguments": {"enabled": true, "level": 2}}]'
+    assert solve(judged_files(), TASK, judging(unlisted, [-0.5, -4.0, -4.0], [-2.0, -4.0, -4.0]))[0] == "[]"
+
+
+def test_the_judge_leaves_fitting_replies_alone_and_steps_aside_where_the_backend_cannot_score() -> None:
+    answer, requests = solve(judged_files(), TASK, judging(FITS, [0.0, -9.0, -9.0], [-9.0, 0.0, 0.0],
+                                                           constrained="[]"))
+    assert json.loads(answer) == json.loads(FITS) and len(requests) == 1  # no score, no second call
+
+    def no_scores(request: dict) -> dict:
+        if "options" in request:
+            return {"op": "model_error", "message": "this backend gives no log-probabilities"}
+        return two_replies("prose", FITS)(request)
+
+    answer, requests = solve(judged_files(), TASK, no_scores)
+    assert json.loads(answer) == json.loads(FITS)
+    assert "json_schema" in requests[-1] and sum("options" in r for r in requests) == 1
+    # Off: no score is asked for.
+    answer, requests = solve(judged_files(on=False), TASK, judging("prose", [0.0, -9.0, -9.0], [-9.0, 0.0, 0.0]))
+    assert json.loads(answer) == json.loads(FITS) and not any("options" in r for r in requests)
+
+
 @pytest.mark.parametrize("schema, message", [
     ("[1, 2]", "must be a JSON schema object"),
     (["array"], "must be a JSON schema object"),
@@ -183,3 +248,40 @@ def test_a_real_model_under_the_schema_answers_with_calls_to_listed_functions(mo
     declared = {"set_flag": {"enabled", "level"}, "plan_route": {"start", "stops"}}
     for call in calls:
         assert set(call["arguments"]) == declared[call["name"]], call  # all required, none other
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2", "qwen2.5-coder-0.5b"])
+def test_a_real_model_judges_and_the_harness_follows_its_scores(model: str) -> None:
+    """The real embedded model scores "[]" against the start of each listed call, on the prompt its
+    free reply came from and with the request replaced by "N/A", and the harness does what the
+    scores say: [] with no further request when the request raises "[]" more than any call, else
+    the question again under the schema."""
+    from ecdysis.models.gateway import ModelGateway, harness_reply
+    from ecdysis.models.registry import get_backend
+    gateway = ModelGateway(get_backend(model), store=None, use_cache=False)
+    scores: list[list[float]] = []
+
+    def real(request: dict) -> dict:
+        if "json_schema" not in request and "options" not in request:
+            return text("I am not sure what to do here.")(request)  # a reply that does not fit
+        reply = harness_reply(gateway.complete(harness_request(request)))
+        if "options" in request:
+            scores.append(reply["option_logprobs"])
+        return reply
+
+    for ask in ("Plan a route from Oslo to Bergen with a stop in Voss.", "Who wrote the novel Hunger?"):
+        scores.clear()
+        task = {"input": ask, "choices": None, "category": "x", "fields": {"functions": [FLAG, ROUTE]}}
+        answer, requests = solve(judged_files(), task, real)
+        assert requests[1]["options"] == ["[]", '[{"name": "set_flag"', '[{"name": "plan_route"']
+        assert requests[2]["messages"][-1]["content"] == "N/A"
+        asked, prior = scores
+        assert all(lp < 0 for lp in asked + prior)  # log-probabilities of real text
+        assert asked != prior  # the request changes what the model expects
+        shift = [a - b for a, b in zip(asked, prior)]
+        if shift[0] > max(shift[1:]):
+            assert answer == "[]" and len(requests) == 3
+        else:
+            assert len(requests) == 4 and "json_schema" in requests[3]
+            assert all(call["name"] in ("set_flag", "plan_route") for call in json.loads(answer))

@@ -322,6 +322,15 @@ class CallSchema(_AgentCode):
 # is kept as written: the grammar allows less whitespace than a model writes when it lays a list
 # out on several lines, and forced into one line Qwen 0.5B closed lists early. A backend that
 # cannot follow a schema raises, and the first reply stands. Multi-turn tasks are left as they were.
+# Before asking again, the model's own view of whether any call is due is read from its
+# log-probabilities (`call_schema_judge` in harness.toml): how much the request raises "[]" as its
+# whole reply, and the start of a call to each listed function, over the same prompt with the
+# request replaced by "N/A". Where it raises "[]" more than any call, the reply is [] and nothing is
+# generated again: a schema always yields a call's shape, so a reply that called nothing in its own
+# words (prose where no function applies) would otherwise become a call. Uncalibrated, "[]" was
+# likelier nearly everywhere: a call's start has more tokens.
+import json as _ecd_json
+
 import harness_runtime as _ecd_runtime
 
 _ecd_before_call_schema = solve
@@ -383,9 +392,33 @@ def ecd_calls_fit(found, functions):
     return True
 
 
+def ecd_calls_nothing(model, messages, functions):
+    """Whether the request moves the model towards calling nothing: "[]" as its whole reply, and the
+    start of a call to each listed function ('[{"name": "<f>"'), scored on `messages` and again
+    with the last user message replaced by "N/A". A model that starts a call whatever is asked
+    (a call's start is likelier than "[]" for any request) says nothing by it; what counts is how
+    much this request raises the likeliest call against calling nothing. False when the backend
+    cannot score (remote chat APIs give no log-probabilities)."""
+    starts = ['[{"name": ' + _ecd_json.dumps(str(doc["name"]), ensure_ascii=False) for doc in _ecd_listed(functions)]
+    options = ["[]"] + starts
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+    if last is None:
+        return False
+    blank = [dict(m, content="N/A") if i == last else m for i, m in enumerate(messages)]
+    try:
+        asked, prior = model.score(messages, options), model.score(blank, options)
+    except (AttributeError, TypeError, ValueError, _ecd_runtime.ModelCallError):
+        return False
+    if len(asked.logprobs) != len(options) or len(prior.logprobs) != len(options):
+        return False
+    shift = [a - b for a, b in zip(asked.logprobs, prior.logprobs)]
+    return shift[0] > max(shift[1:])
+
+
 class _EcdSchemaModel:
-    def __init__(self, model, calls, functions, schema):
+    def __init__(self, model, calls, functions, schema, judge):
         self._model, self._calls, self._functions, self._schema = model, calls, functions, schema
+        self._judge = judge
 
     def __getattr__(self, name):  # score and anything else it does not wrap
         return getattr(self._model, name)
@@ -394,6 +427,9 @@ class _EcdSchemaModel:
         reply = self._model.generate(messages, **options)
         if ecd_calls_fit(read_calls(reply.text, self._calls), self._functions):
             return reply
+        if self._judge and ecd_calls_nothing(self._model, messages, self._functions):
+            return _ecd_runtime.Reply(text="[]", finish_reason=reply.finish_reason,
+                                      prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
         try:
             return self._model.generate(messages, schema=self._schema, **options)
         except (TypeError, _ecd_runtime.ModelCallError):  # no schemas here: the first reply stands
@@ -405,26 +441,32 @@ def solve(task, model, harness):
     schema = None if fields.get("turns") else ecd_call_schema(fields.get("functions"))
     if schema is None:
         return _ecd_before_call_schema(task, model, harness)
-    wrapped = _EcdSchemaModel(model, calls_module(harness), fields.get("functions"), schema)
+    judge = bool(harness.params.get("call_schema_judge", False))
+    wrapped = _EcdSchemaModel(model, calls_module(harness), fields.get("functions"), schema, judge)
     return _ecd_before_call_schema(task, wrapped, harness)
 '''
 
     def apply(self, inp: RepairInput) -> RepairResult:
         files = dict(inp.files)
         files["harness.py"] = _append(files["harness.py"], self.name, self.BLOCK)
+        files["harness.toml"] = set_param(files["harness.toml"], "call_schema_judge", "true",
+                                          f"before asking again, [] if the request raises no call more than "
+                                          f"calling nothing ({self.name})")
         return RepairResult(self.name, files, ModificationSpec(
-            target_files=("harness.py",), operator=self.name,
+            target_files=("harness.py", "harness.toml"), operator=self.name,
             change="Wrap the model passed to solve: a reply whose calls do not fit the task's function docs "
                    "(none readable, an unlisted function, a required parameter missing or an undeclared one) "
                    "is asked for once more under a JSON schema built from those docs (a list of calls to "
                    "listed functions with typed parameters; [] allowed), which the embedded models enforce "
-                   "as a grammar. Replies that fit are kept as written.",
+                   "as a grammar, unless the model's log-probabilities say the request raises calling "
+                   "nothing more than any call (then the reply is []). Replies that fit are kept as written.",
             root_cause=inp.root_cause or "Replies are not calls the harness can read: prose, broken JSON, "
                                          "invented functions or parameters.",
             expected_effect="Unparsable calls, invented functions and undeclared parameters give way to calls "
                             "that fit the docs; replies that already fit do not change.",
-            risk="One extra model call per reply that does not fit; prose that rightly called nothing "
-                 "(a request no function serves) may become a call on the second try.",
+            risk="Up to three extra model calls per reply that does not fit (two scorings, one generation); "
+                 "prose that rightly called nothing may still become a call, and a request a function serves "
+                 "may be judged to need none.",
             scope=cluster_scope(inp.cluster) + "; the schema and the check are read from each task's own "
                   "function list at run time, never from an instance or a target."))
 
