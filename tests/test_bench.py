@@ -211,3 +211,31 @@ def test_a_mixture_drawn_from_big_bench_hard_leaves_out_the_tasks_looked_at_befo
                             "--exclude", again.stdout.strip()], cwd=ROOT, capture_output=True, text=True)
     assert third.returncode == 0, third.stderr
     assert third.stdout.strip() == "bbh:" + "+".join(later)
+
+
+@pytest.mark.slow
+def test_the_judge_benchmark_pairs_the_three_harnesses_on_both_splits(tmp_path: Path) -> None:
+    """The starter agent, call_schema with its judge off and call_schema as written, on a few BFCL
+    entries with SmolLM2: each split pairs the three, and the judged harness asks for scores."""
+    from ecdysis.suites.bfcl import is_fetched
+    if not is_fetched():
+        pytest.skip("the BFCL data is not fetched (scripts/fetch_bfcl.py)")
+    done = subprocess.run([sys.executable, "bench/call_schema_judge.py", "--models", "smollm2", "--val-limit", "5",
+                           "--test-limit", "5", "--out", str(tmp_path), "--home", str(tmp_path / "home")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "call_schema_judge.json").read_text())
+    for split in ("validation", "test"):
+        s = result["splits"][split]
+        assert s["instances"] == 5 and len({v["harness"] for v in s["variants"].values()}) == 3
+        assert [(p["variant"], p["against"]) for p in s["paired"]] == [
+            ("call_schema, judge off", "starter agent"), ("call_schema", "starter agent"),
+            ("call_schema", "call_schema, judge off")]
+        for p in s["paired"]:
+            assert sum(w for w, _ in p["by_category"].values()) == p["wins"]
+            assert sum(l for _, l in p["by_category"].values()) == p["losses"]
+        # SmolLM2 writes prose on BFCL, so both call_schema variants make calls the starter does not;
+        # the judge's two scoring calls per such reply come on top.
+        v = s["variants"]
+        assert v["starter agent"]["calls"] == 5 < v["call_schema, judge off"]["calls"] < v["call_schema"]["calls"]
+    assert "| validation (5) | call_schema |" in (tmp_path / "call_schema_judge.md").read_text()
