@@ -18,7 +18,6 @@ each with every model's outcome on it). Nothing else should be generating while 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -119,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     args.home = args.home or Path(tempfile.mkdtemp(prefix="ecdysis-bench-judge-"))
-    os.environ.pop("ECDYSIS_DATABASE_URL", None)
-    result = run(args)
+    result = run(args)  # on the data folder's own database (`home_settings`), whatever the environment names
     write_results(args.out, NAME, result, table(result))
     return 0
 
