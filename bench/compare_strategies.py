@@ -141,11 +141,12 @@ def base_val(svc: Any, args: argparse.Namespace, suite: str, window: int) -> flo
     unchanged 0.308 a target it had raised, and the speedup against it a number instead of None."""
     from ecdysis.budget import CallBudget
     from ecdysis.runner import Runner, pick_instances
-    instances = pick_instances(svc.suite(suite), "validation", args.val_limit, window=window)
-    starter = svc.harness(None, suite=svc.suite(suite))
+    loaded = svc.suite(suite)
+    instances = pick_instances(loaded, "validation", args.val_limit, window=window)
+    starter = svc.harness(None, suite=loaded)
     correct = total = 0
     for model in args.model:
-        run = Runner(svc.store, limits=svc.limits()).create(svc.suite(suite), model, starter, split="validation",
+        run = Runner(svc.store, limits=svc.limits()).create(loaded, model, starter, split="validation",
                                                             label=":".join(p for p in (
                                                                 f"bench:{suite}:base-val", holdout_part(window)) if p),
                                                             instances=instances)

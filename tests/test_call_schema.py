@@ -140,10 +140,6 @@ def test_a_refused_schema_leaves_the_first_reply_and_tasks_without_functions_are
     assert len(requests) == 1 and "json_schema" not in requests[0]
 
 
-def judged_files(on: bool = True) -> dict[str, str]:
-    return schema_files(judge=on)
-
-
 def judging(free: str, asked: list[float], prior: list[float], constrained: str = FITS) -> Any:
     """The model: `free` when asked freely, `constrained` under a schema; asked to score "[]" and the
     start of a call to each listed function, these log-probabilities on the task (`asked`) and on
@@ -160,7 +156,7 @@ def judging(free: str, asked: list[float], prior: list[float], constrained: str 
 def test_the_judge_asks_whether_the_request_raises_a_call_against_calling_nothing() -> None:
     # The request raises "[]" (by 1) more than any call's start (by 0.5 at most): the reply is [],
     # and nothing is generated again, although a call's start is likelier in absolute terms.
-    answer, requests = solve(judged_files(), TASK, judging("No function here can do that.", [-3.0, -2.0, -1.5],
+    answer, requests = solve(schema_files(judge=True), TASK, judging("No function here can do that.", [-3.0, -2.0, -1.5],
                                                            [-4.0, -2.5, -2.0]))
     assert answer == "[]"
     assert ["options" in r for r in requests] == [False, True, True]
@@ -171,17 +167,17 @@ def test_the_judge_asks_whether_the_request_raises_a_call_against_calling_nothin
     assert blank["messages"][:-1] == asked["messages"][:-1] and blank["messages"][-1] == {"role": "user",
                                                                                           "content": "N/A"}
     # The request raises a call more than calling nothing: asked again under the schema.
-    answer, requests = solve(judged_files(), TASK, judging("Set the flag, then plan.", [-1.0, -2.0, -3.0],
+    answer, requests = solve(schema_files(judge=True), TASK, judging("Set the flag, then plan.", [-1.0, -2.0, -3.0],
                                                            [-1.5, -5.0, -3.0]))
     assert json.loads(answer) == json.loads(FITS)
     assert ["options" in r for r in requests] == [False, True, True, False] and "json_schema" in requests[3]
     # A call that does not fit is judged too: [] replaces a call to an unlisted function.
     unlisted = '[{"name": "set_flags", "arguments": {"enabled": true, "level": 2}}]'
-    assert solve(judged_files(), TASK, judging(unlisted, [-0.5, -4.0, -4.0], [-2.0, -4.0, -4.0]))[0] == "[]"
+    assert solve(schema_files(judge=True), TASK, judging(unlisted, [-0.5, -4.0, -4.0], [-2.0, -4.0, -4.0]))[0] == "[]"
 
 
 def test_the_judge_leaves_fitting_replies_alone_and_steps_aside_where_the_backend_cannot_score() -> None:
-    answer, requests = solve(judged_files(), TASK, judging(FITS, [0.0, -9.0, -9.0], [-9.0, 0.0, 0.0],
+    answer, requests = solve(schema_files(judge=True), TASK, judging(FITS, [0.0, -9.0, -9.0], [-9.0, 0.0, 0.0],
                                                            constrained="[]"))
     assert json.loads(answer) == json.loads(FITS) and len(requests) == 1  # no score, no second call
 
@@ -190,11 +186,11 @@ def test_the_judge_leaves_fitting_replies_alone_and_steps_aside_where_the_backen
             return {"op": "model_error", "message": "this backend gives no log-probabilities"}
         return two_replies("prose", FITS)(request)
 
-    answer, requests = solve(judged_files(), TASK, no_scores)
+    answer, requests = solve(schema_files(judge=True), TASK, no_scores)
     assert json.loads(answer) == json.loads(FITS)
     assert "json_schema" in requests[-1] and sum("options" in r for r in requests) == 1
     # Off: no score is asked for.
-    answer, requests = solve(judged_files(on=False), TASK, judging("prose", [0.0, -9.0, -9.0], [-9.0, 0.0, 0.0]))
+    answer, requests = solve(schema_files(judge=False), TASK, judging("prose", [0.0, -9.0, -9.0], [-9.0, 0.0, 0.0]))
     assert json.loads(answer) == json.loads(FITS) and not any("options" in r for r in requests)
 
 
@@ -273,7 +269,7 @@ def test_a_real_model_judges_and_the_harness_follows_its_scores(model: str) -> N
     for ask in ("Plan a route from Oslo to Bergen with a stop in Voss.", "Who wrote the novel Hunger?"):
         scores.clear()
         task = {"input": ask, "choices": None, "category": "x", "fields": {"functions": [FLAG, ROUTE]}}
-        answer, requests = solve(judged_files(), task, real)
+        answer, requests = solve(schema_files(judge=True), task, real)
         assert requests[1]["options"] == ["[]", '[{"name": "set_flag"', '[{"name": "plan_route"']
         assert requests[2]["messages"][-1]["content"] == "N/A"
         asked, prior = scores
