@@ -289,9 +289,13 @@ class SmokeRunner:
                                           f"{outcome.answer[:60]!r} in {calls} model call(s){verdict}")
 
     def _solve(self, files: dict[str, str], instance: Instance) -> tuple[Any, int, list[str]]:
-        """The patched harness's outcome on one instance, the model calls it made, its call errors."""
+        """The patched harness's outcome on one instance, the model calls it made, its call errors.
+        Raises BudgetExceeded when the budget refused one of its calls: what the harness made of
+        the refusal is not its outcome, and a check or probe that counted it would refuse a repair
+        for want of budget (the evolution stops instead, and its resume asks again)."""
         errors: list[str] = []
         calls = [0]
+        starved: list[BudgetExceeded] = []
 
         def on_generate(req: dict[str, Any]) -> dict[str, Any]:
             if calls[0] >= MAX_CALLS_PER_SOLVE:
@@ -302,6 +306,8 @@ class SmokeRunner:
                 done = self.gateway.complete(harness_request(req))
             except (ModelError, BudgetExceeded, KeyError, TypeError, ValueError) as exc:
                 errors.append(str(exc))
+                if isinstance(exc, BudgetExceeded):
+                    starved.append(exc)
                 return {"op": "model_error", "message": str(exc)}
             return harness_reply(done)
 
@@ -310,6 +316,8 @@ class SmokeRunner:
             outcome = pool.solve(instance.task_view(), on_generate)
         finally:
             pool.close()
+        if starved:
+            raise starved[-1]
         return outcome, calls[0], errors
 
     def still_passes(self, files: dict[str, str], instance: Instance, suite: str = "") -> bool | None:

@@ -143,10 +143,11 @@ def test_a_refused_schema_leaves_the_first_reply_and_tasks_without_functions_are
 def judging(free: str, asked: list[float], prior: list[float], constrained: str = FITS) -> Any:
     """The model: `free` when asked freely, `constrained` under a schema; asked to score "[]" and the
     start of a call to each listed function, these log-probabilities on the task (`asked`) and on
-    the same prompt with the request replaced by "N/A" (`prior`)."""
+    the same prompt with the request replaced by "N/A" (`prior`: no user message holds the task's
+    input)."""
     def answer(request: dict) -> dict:
         if "options" in request:
-            blank = request["messages"][-1]["content"] == "N/A"
+            blank = not any(TASK["input"] in m["content"] for m in request["messages"] if m["role"] == "user")
             return {"op": "completion", "text": "", "option_logprobs": prior if blank else asked,
                     "option_tokens": [1] * len(asked)}
         return two_replies(free, constrained)(request)
@@ -281,3 +282,52 @@ def test_a_real_model_judges_and_the_harness_follows_its_scores(model: str) -> N
         else:
             assert len(requests) == 4 and "json_schema" in requests[3]
             assert all(call["name"] in ("set_flag", "plan_route") for call in json.loads(answer))
+
+
+def test_the_judge_blanks_only_the_request_so_what_a_harness_adds_around_it_stays_on_both_sides() -> None:
+    # call_format puts its format text (an example call, "reply [] when none applies") after the
+    # request in the user message: blanking that message whole would measure the instruction too.
+    from test_agent_taxonomy import agent_files
+    files = agent_files("call_format", "call_schema")
+    answer, requests = solve(files, TASK, judging("prose", [-3.0, -2.0, -1.5], [-4.0, -2.5, -2.0]))
+    assert answer == "[]"
+    asked, blank = requests[1]["messages"], requests[2]["messages"]
+    assert TASK["input"] in asked[-1]["content"] and "example_function" in asked[-1]["content"]
+    assert blank[-1]["content"] == asked[-1]["content"].replace(TASK["input"], "N/A")
+    assert blank[:-1] == asked[:-1]
+
+
+@pytest.mark.parametrize("asked, prior, why", [
+    ([-1.0, -2.0, -2.0], [-2.0, -3.0, -3.0], "a tie: the request raises [] and the likeliest call alike"),
+    ([float("nan"), -9.0, -9.0], [-9.0, -9.0, -9.0], "a score that is not a number"),
+    ([0.0, -9.0, -9.0], [float("-inf"), -9.0, -9.0], "an impossible prior for []"),
+    ([0.0, -9.0], [-9.0, -9.0], "fewer scores than options"),
+])
+def test_a_tie_or_a_score_that_is_no_finite_number_leaves_the_decision_to_the_schema(
+        asked: list[float], prior: list[float], why: str) -> None:
+    answer, requests = solve(schema_files(judge=True), TASK, judging("prose", asked, prior))
+    assert json.loads(answer) == json.loads(FITS), why
+    # (the engine refuses a score reply of the wrong length at once, so the prior is not asked for)
+    assert "options" in requests[1] and not any("json_schema" in r for r in requests[:-1])
+    assert "json_schema" in requests[-1] and len(requests) in (3, 4)
+
+
+def test_the_judge_scores_each_function_once_and_steps_aside_when_there_are_too_many_to_score() -> None:
+    twice = {**TASK, "fields": {"functions": [FLAG, ROUTE, FLAG]}}
+    answer, requests = solve(schema_files(judge=True), twice, judging("prose", [-3.0, -2.0, -1.5],
+                                                                      [-4.0, -2.5, -2.0]))
+    assert answer == "[]" and requests[1]["options"] == ["[]", '[{"name": "set_flag"', '[{"name": "plan_route"']
+    many = [{**FLAG, "name": f"set_flag_{i}"} for i in range(64)]
+    crowded = {**TASK, "fields": {"functions": many}}
+    answer, requests = solve(schema_files(judge=True), crowded, two_replies("prose", "[]"))
+    assert answer == "[]" and not any("options" in r for r in requests) and "json_schema" in requests[-1]
+
+
+@pytest.mark.parametrize("written, on", [('"true"', True), ('"yes"', True), ('"false"', False), ("0", False)])
+def test_the_judge_switch_reads_a_string_as_an_edit_may_write_it(written: str, on: bool) -> None:
+    from ecdysis.roles.repairs import set_param
+    files = schema_files(judge=True)
+    files["harness.toml"] = set_param(files["harness.toml"], "call_schema_judge", written, "test")
+    _, requests = solve(files, TASK, judging("prose", [-3.0, -2.0, -1.5], [-4.0, -2.5, -2.0]))
+    assert any("options" in r for r in requests) is on
+

@@ -132,3 +132,19 @@ def test_a_union_of_small_one_model_patterns_is_probed_and_promoted(right: bool)
     assert len(union.probe["right"]["answer_extraction"]) == (4 if right else 0)
     mine = [p for p in report.proposals if p.cluster_id == union.id]
     assert mine and mine[0].spec.operator == union.probe["operator"]
+
+
+def test_a_probe_the_budget_cuts_short_stops_the_diagnosis_instead_of_calling_the_cluster_the_models() -> None:
+    """The budget runs out during the probe: the diagnosis stops with BudgetExceeded (the evolution
+    stops cleanly and its resume diagnoses again), where a probe that counted the refused calls as
+    failures would leave the cluster model-specific for want of budget."""
+    from ecdysis.errors import BudgetExceeded
+    store = MemoryStore()
+    run_ids, suite, _ = plant(store)
+    beta = Instructable(suite, follows=True)
+    alpha = ScriptedBackend([Rule(text=answer_form(i), match=i.input) for i in suite.instances], model_id="alpha")
+    budget = CallBudget(max_calls=1)
+    with pytest.raises(BudgetExceeded):
+        diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=alpha,
+                 backend_factory={"alpha": alpha, "beta": beta}.__getitem__, budget=budget)
+    assert len(beta.history) == 1 and budget.calls == 1  # one probe call made, the next refused

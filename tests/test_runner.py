@@ -111,6 +111,35 @@ def test_budget_stops_a_run_cleanly_and_resume_finishes(store) -> None:
     assert svc.resume(run.id).n == 10
 
 
+def test_an_instance_whose_call_the_budget_refused_is_not_stored_and_a_resume_runs_it(store, tmp_path) -> None:
+    """A harness may carry on past a refused call (here the first reply stands when asking again
+    fails, as call_schema's does) and return an answer: not the one it gives with its calls. The
+    instance is left for the resume, which runs it whole; stored, it would pass for the harness's
+    outcome and the resume would skip it."""
+    from ecdysis.harness import starter_files, write_dir
+    backend = scripted()
+    files = starter_files()
+    files["harness.py"] += ("\n\n_first = solve\n\nclass _Twice:\n"
+                            "    def __init__(self, model):\n        self._model = model\n"
+                            "    def generate(self, messages, **options):\n"
+                            "        reply = self._model.generate(messages, **options)\n"
+                            "        try:\n            return self._model.generate(messages + [{'role': 'user', "
+                            "'content': 'Sure?'}], **options)\n"
+                            "        except Exception:\n            return reply\n\n"
+                            "def solve(task, model, harness):\n    return _first(task, _Twice(model), harness)\n")
+    folder = write_dir(files, tmp_path / "twice")
+    svc = Service(store)
+    run = svc.create_run(RunRequest(suite="boolean", model="scripted-test", harness=str(folder), limit=1,
+                                    use_cache=False))
+    svc.execute_run(run.id, use_cache=False, budget=CallBudget(max_calls=1))
+    assert len(backend.history) == 1  # the second call was refused, not made
+    assert svc.results(run.id) == [] and svc.get_run(run.id).status == "pending"
+    summary = svc.resume(run.id)
+    assert summary.n == 1 and svc.get_run(run.id).status == "done"
+    [result] = svc.results(run.id)
+    assert result.error_type is None and len(result.calls) == 2 and not any(c.error for c in result.calls)
+
+
 def test_harness_errors_are_data_not_exceptions(store, tmp_path) -> None:
     scripted()
     from ecdysis.harness import starter_files, write_dir

@@ -146,6 +146,7 @@ class InstanceRunner:
     def __call__(self, inst: Instance) -> InstanceResult:
         calls: list[ModelCall] = []
         model_errors: list[str] = []
+        starved: list[str] = []  # calls the budget refused: the instance is not done, whatever solve returns
         started = time.perf_counter()
         gateway, budget = self.gateway, self.budget
 
@@ -164,6 +165,8 @@ class InstanceRunner:
                 completion = gateway.complete(request)
             except (ModelError, BudgetExceeded) as exc:
                 model_errors.append(str(exc))
+                if isinstance(exc, BudgetExceeded):
+                    starved.append(str(exc))
                 calls.append(ModelCall(seq=len(calls), model=gateway.model_id, request=request.to_json(),
                                        text="", prompt_tokens=0, completion_tokens=0, latency_s=0.0,
                                        finish_reason="error", cache_hit=False, error=str(exc)))
@@ -188,5 +191,12 @@ class InstanceRunner:
             error_type=error_type, error_message=(error_message or "")[:4000] or None,  # type: ignore[arg-type]
             stdout_tail=(outcome.output_tail + ("\n" + outcome.traceback if outcome.traceback else ""))[-6000:],
             calls=calls, wall_seconds=time.perf_counter() - started)
+        if starved:
+            # A harness may carry on past a refused call (the first reply stands, a retry is
+            # skipped) and return an answer, but not the one it would give with its calls: stored,
+            # it would pass for the harness's outcome and a resume would skip it. It is left for
+            # the resume to run again; what it did spend stays charged.
+            result.error_type, result.error_message = "model_error", starved[-1][:4000]
+            return result
         self.save(result)
         return result

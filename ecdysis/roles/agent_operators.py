@@ -330,12 +330,14 @@ class CallSchema(_AgentCode):
 # words (prose where no function applies) would otherwise become a call. Uncalibrated, "[]" was
 # likelier nearly everywhere: a call's start has more tokens.
 import json as _ecd_json
+import math as _ecd_math
 
 import harness_runtime as _ecd_runtime
 
 _ecd_before_call_schema = solve
 
 _ECD_SCHEMA_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
+_ECD_MAX_OPTIONS, _ECD_MAX_OPTION_CHARS = 64, 2000  # what one scoring call weighs
 
 
 def _ecd_value_schema(spec, depth=0):
@@ -392,33 +394,61 @@ def ecd_calls_fit(found, functions):
     return True
 
 
-def ecd_calls_nothing(model, messages, functions):
+def _ecd_blanked(messages, request):
+    """`messages` with the task's request replaced by "N/A" in every user message that holds it, so
+    that what a harness adds around it (a format instruction, a follow-up asking again) is on both
+    sides of the comparison; where no user message holds it, the last user message whole. None
+    without a user message."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users:
+        return None
+    request = request.strip() if isinstance(request, str) else ""
+    holding = [i for i in users if request and isinstance(messages[i].get("content"), str)
+               and request in messages[i]["content"]]
+    if holding:
+        return [dict(m, content=m["content"].replace(request, "N/A")) if i in holding else m
+                for i, m in enumerate(messages)]
+    return [dict(m, content="N/A") if i == users[-1] else m for i, m in enumerate(messages)]
+
+
+def ecd_calls_nothing(model, messages, functions, request=None):
     """Whether the request moves the model towards calling nothing: "[]" as its whole reply, and the
     start of a call to each listed function ('[{"name": "<f>"'), scored on `messages` and again
-    with the last user message replaced by "N/A". A model that starts a call whatever is asked
-    (a call's start is likelier than "[]" for any request) says nothing by it; what counts is how
-    much this request raises the likeliest call against calling nothing. False when the backend
-    cannot score (remote chat APIs give no log-probabilities)."""
-    starts = ['[{"name": ' + _ecd_json.dumps(str(doc["name"]), ensure_ascii=False) for doc in _ecd_listed(functions)]
+    with the task's `request` replaced by "N/A" (`_ecd_blanked`). A model that starts a call
+    whatever is asked (a call's start is likelier than "[]" for any request) says nothing by it;
+    what counts is how much this request raises the likeliest call against calling nothing. False,
+    so the schema decides, when the backend cannot score (remote chat APIs give no
+    log-probabilities), when the functions are too many or their names too long to score
+    (`_ECD_MAX_OPTIONS`, `_ECD_MAX_OPTION_CHARS`), or when a score is not a finite number."""
+    starts = list(dict.fromkeys('[{"name": ' + _ecd_json.dumps(str(doc["name"]), ensure_ascii=False)
+                                for doc in _ecd_listed(functions)))
     options = ["[]"] + starts
-    last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
-    if last is None:
+    if len(options) > _ECD_MAX_OPTIONS or any(len(o) > _ECD_MAX_OPTION_CHARS for o in options):
         return False
-    blank = [dict(m, content="N/A") if i == last else m for i, m in enumerate(messages)]
+    blank = _ecd_blanked(messages, request)
+    if blank is None:
+        return False
     try:
         asked, prior = model.score(messages, options), model.score(blank, options)
+        if len(asked.logprobs) != len(options) or len(prior.logprobs) != len(options):
+            return False
+        shift = [float(a) - float(b) for a, b in zip(asked.logprobs, prior.logprobs)]
     except (AttributeError, TypeError, ValueError, _ecd_runtime.ModelCallError):
         return False
-    if len(asked.logprobs) != len(options) or len(prior.logprobs) != len(options):
+    if not all(_ecd_math.isfinite(x) for x in shift):
         return False
-    shift = [a - b for a, b in zip(asked.logprobs, prior.logprobs)]
     return shift[0] > max(shift[1:])
 
 
+def _ecd_on(value):
+    """A harness.toml switch: true, or a string an edit may have written ("true", "yes", "1")."""
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "1"))
+
+
 class _EcdSchemaModel:
-    def __init__(self, model, calls, functions, schema, judge):
+    def __init__(self, model, calls, functions, schema, judge, request):
         self._model, self._calls, self._functions, self._schema = model, calls, functions, schema
-        self._judge = judge
+        self._judge, self._request = judge, request
 
     def __getattr__(self, name):  # score and anything else it does not wrap
         return getattr(self._model, name)
@@ -427,8 +457,8 @@ class _EcdSchemaModel:
         reply = self._model.generate(messages, **options)
         if ecd_calls_fit(read_calls(reply.text, self._calls), self._functions):
             return reply
-        if self._judge and ecd_calls_nothing(self._model, messages, self._functions):
-            return _ecd_runtime.Reply(text="[]", finish_reason=reply.finish_reason,
+        if self._judge and ecd_calls_nothing(self._model, messages, self._functions, self._request):
+            return _ecd_runtime.Reply(text="[]", finish_reason="stop",
                                       prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
         try:
             return self._model.generate(messages, schema=self._schema, **options)
@@ -441,8 +471,8 @@ def solve(task, model, harness):
     schema = None if fields.get("turns") else ecd_call_schema(fields.get("functions"))
     if schema is None:
         return _ecd_before_call_schema(task, model, harness)
-    judge = bool(harness.params.get("call_schema_judge", False))
-    wrapped = _EcdSchemaModel(model, calls_module(harness), fields.get("functions"), schema, judge)
+    judge = _ecd_on(harness.params.get("call_schema_judge", False))
+    wrapped = _EcdSchemaModel(model, calls_module(harness), fields.get("functions"), schema, judge, task.get("input"))
     return _ecd_before_call_schema(task, wrapped, harness)
 '''
 
