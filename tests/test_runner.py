@@ -20,6 +20,14 @@ def scripted(default: str = "I am not sure.") -> ScriptedBackend:
     return backend
 
 
+def starter_plus(folder, code: str):
+    """The starter harness with `code` appended to its harness.py, written to `folder`."""
+    from ecdysis.harness import starter_files, write_dir
+    files = starter_files()
+    files["harness.py"] += code
+    return write_dir(files, folder)
+
+
 def test_pick_instances_round_robins_over_categories() -> None:
     suite = load_suite("reasoning-mix")
     picked = pick_instances(suite, "train", 10)
@@ -116,18 +124,15 @@ def test_an_instance_whose_call_the_budget_refused_is_not_stored_and_a_resume_ru
     fails, as call_schema's does) and return an answer: not the one it gives with its calls. The
     instance is left for the resume, which runs it whole; stored, it would pass for the harness's
     outcome and the resume would skip it."""
-    from ecdysis.harness import starter_files, write_dir
     backend = scripted()
-    files = starter_files()
-    files["harness.py"] += ("\n\n_first = solve\n\nclass _Twice:\n"
-                            "    def __init__(self, model):\n        self._model = model\n"
-                            "    def generate(self, messages, **options):\n"
-                            "        reply = self._model.generate(messages, **options)\n"
-                            "        try:\n            return self._model.generate(messages + [{'role': 'user', "
-                            "'content': 'Sure?'}], **options)\n"
-                            "        except Exception:\n            return reply\n\n"
-                            "def solve(task, model, harness):\n    return _first(task, _Twice(model), harness)\n")
-    folder = write_dir(files, tmp_path / "twice")
+    folder = starter_plus(tmp_path / "twice", "\n\n_first = solve\n\nclass _Twice:\n"
+                          "    def __init__(self, model):\n        self._model = model\n"
+                          "    def generate(self, messages, **options):\n"
+                          "        reply = self._model.generate(messages, **options)\n"
+                          "        try:\n            return self._model.generate(messages + [{'role': 'user', "
+                          "'content': 'Sure?'}], **options)\n"
+                          "        except Exception:\n            return reply\n\n"
+                          "def solve(task, model, harness):\n    return _first(task, _Twice(model), harness)\n")
     svc = Service(store)
     run = svc.create_run(RunRequest(suite="boolean", model="scripted-test", harness=str(folder), limit=1,
                                     use_cache=False))
@@ -168,14 +173,11 @@ def test_unknown_model_and_missing_key_are_clear_errors(store) -> None:
 def test_a_harness_that_calls_itself_is_cut_off_at_the_per_instance_call_limit(store, tmp_path) -> None:
     """A wrapper applied twice calls itself: each level asks the model once more. The instance stops
     at MAX_CALLS_PER_SOLVE calls, fails with that reason, and the run goes on."""
-    from ecdysis.harness import starter_files, write_dir
     from ecdysis.models.gateway import MAX_CALLS_PER_SOLVE
     backend = scripted(default="")
-    files = starter_files()
-    files["harness.py"] += ("\n\n_before = solve\n\ndef solve(task, model, harness):\n"
-                            "    model.generate([{'role': 'user', 'content': task['input']}])\n"
-                            "    return _before(task, model, harness)\n\n_before = solve\n")
-    folder = write_dir(files, tmp_path / "loops")
+    folder = starter_plus(tmp_path / "loops", "\n\n_before = solve\n\ndef solve(task, model, harness):\n"
+                          "    model.generate([{'role': 'user', 'content': task['input']}])\n"
+                          "    return _before(task, model, harness)\n\n_before = solve\n")
     svc = Service(store)
     summary = svc.run(RunRequest(suite="boolean", model="scripted-test", harness=str(folder), limit=2,
                                  use_cache=False))
