@@ -299,7 +299,7 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
             return SmokeRunner(ModelGateway(backend, store, budget=budget), limits or SandboxLimits(timeout_s=60.0),
                                scorers=scorers)
         clusters = probe_clusters(clusters, dict(current_files or batch.harness.files), exemplars, instances,
-                                  runner_for)
+                                  runner_for, earlier=[c for iteration in previous for c in iteration])
         emit({"type": "probed", "harness_level": sum(c.verdict == "harness-level" for c in clusters)})
     refiner = Refiner(backend, checks, max_rounds=max_rounds, respect_verdicts=only_instances is None, passes=passes)
     engine = HeuristicRoleBackend()

@@ -21,7 +21,7 @@ from ecdysis.aggregate import MECHANISM_TYPES, PROBE_MIN_INSTANCES, Cluster, Pri
 from ecdysis.errors import EcdysisError
 from ecdysis.failures import AGENT_TYPES, MULTI_TURN_TYPES
 from ecdysis.records import Instance
-from ecdysis.refine import SmokeRunner, expected_calls, train_failures
+from ecdysis.refine import SmokeRunner, expected_calls, spread, train_failures
 from ecdysis.roles.base import Exemplar
 from ecdysis.roles.drafting import ProposalError
 from ecdysis.roles.operators import OPERATORS
@@ -44,18 +44,32 @@ def wants_probe(cluster: Cluster) -> bool:
 
 
 def probe_clusters(clusters: Sequence[Cluster], files: Mapping[str, str], exemplars: Sequence[Exemplar],
-                   instances: Mapping[str, Instance], runner_for: Callable[[str], SmokeRunner]) -> list[Cluster]:
+                   instances: Mapping[str, Instance], runner_for: Callable[[str], SmokeRunner],
+                   earlier: Sequence[Cluster] = ()) -> list[Cluster]:
     """`clusters` with each one that `wants_probe` probed (promoted to harness-level when a repair
-    recovers most of the failures probed), in priority order again."""
-    out = [probe(c, files, exemplars, instances, runner_for) if wants_probe(c) else c for c in clusters]
+    recovers most of the failures probed), in priority order again. `earlier`: clusters of earlier
+    iterations, whose probes' members each repair is not run on again while others are left."""
+    asked = asked_before(earlier)
+    out = [probe(c, files, exemplars, instances, runner_for, asked) if wants_probe(c) else c for c in clusters]
     return PriorityOrder().order(out)
 
 
+def asked_before(clusters: Sequence[Cluster]) -> dict[str, set[str]]:
+    """Per repair, the instance keys earlier probes ran it on (a cluster's `probe["probed"]`)."""
+    asked: dict[str, set[str]] = {}
+    for cluster in clusters:
+        for name, keys in (cluster.probe or {}).get("probed", {}).items():
+            asked.setdefault(name, set()).update(keys)
+    return asked
+
+
 def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exemplar],
-          instances: Mapping[str, Instance], runner_for: Callable[[str], SmokeRunner]) -> Cluster:
+          instances: Mapping[str, Instance], runner_for: Callable[[str], SmokeRunner],
+          asked: Mapping[str, set[str]] | None = None) -> Cluster:
     model = max(cluster.models.items(), key=lambda kv: (kv[1], kv[0]))[0]
     failures = train_failures(cluster, instances, model)
-    members = failures[:PROBE_SIZE]
+    asked = asked or {}
+    members = spread(failures, PROBE_SIZE)
     if len(members) < 2:
         return cluster
     try:
@@ -68,7 +82,7 @@ def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exempl
     for name, patched in _repairs(cluster, files, exemplars):
         # A repair of reading asks the model what the batch asked: it is probed on every failure of
         # the cluster's model, replaying requests paid for already; another on `PROBE_SIZE` of them.
-        members = failures if reads_only(name) else failures[:PROBE_SIZE]
+        members = failures if reads_only(name) else spread(failures, PROBE_SIZE, asked.get(name, set()))
         right, read = runner.right_and_read(patched, members)
         tried.append(f"{name} {len(right)}/{len(members)}")
         record["right"][name] = right

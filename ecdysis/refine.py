@@ -9,6 +9,7 @@ no instance id, target answer or instance-specific text of the data appears in i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import tomllib
 import uuid
@@ -261,6 +262,29 @@ def train_failures(cluster: Any, instances: Mapping[str, Instance], model: str, 
     mine = {f.key for f in cluster.failures if f.model == model}
     keys = sorted(mine) + (sorted({f.key for f in cluster.failures} - mine) if others_too else [])
     return [(k, inst) for k in keys if (inst := instances.get(k)) is not None and inst.split == "train"]
+
+
+def spread(failures: Sequence[tuple[str, Instance]], n: int,
+           asked: Sequence[str] | set[str] = ()) -> list[tuple[str, Instance]]:
+    """Up to `n` of `failures`, drawn in turn from each category they span, so a few probes speak
+    for the whole cluster and not for the category whose name sorts first; in each category, and
+    across categories, in an order fixed by a hash of the key, not by the name. Failures in `asked`
+    (already asked about; a cached, deterministic model would answer the same) come last."""
+    def rank(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    fresh = [f for f in failures if f[0] not in asked]
+    picked: list[tuple[str, Instance]] = []
+    for pool in (fresh, [f for f in failures if f[0] in asked]):
+        by_category: dict[str, list[tuple[str, Instance]]] = {}
+        for key, inst in sorted(pool, key=lambda f: rank(f[0])):
+            by_category.setdefault(inst.category, []).append((key, inst))
+        queues = [by_category[c] for c in sorted(by_category, key=rank)]
+        while len(picked) < n and any(queues):
+            for queue in queues:
+                if queue and len(picked) < n:
+                    picked.append(queue.pop(0))
+    return picked
 
 
 @dataclass

@@ -148,3 +148,38 @@ def test_a_probe_the_budget_cuts_short_stops_the_diagnosis_instead_of_calling_th
         diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=alpha,
                  backend_factory={"alpha": alpha, "beta": beta}.__getitem__, budget=budget)
     assert len(beta.history) == 1 and budget.calls == 1  # one probe call made, the next refused
+
+
+def test_the_probe_draws_its_members_across_the_clusters_categories_and_not_twice() -> None:
+    """beta's cluster spans all five categories (instances 3-4 of each). The probe's three members
+    come from three categories, not from the two whose names sort first; a later iteration's probe,
+    told what the earlier one asked, runs the repair on other failures (a cached, deterministic
+    model would only answer the same again)."""
+    from ecdysis.probe import asked_before
+    report, quirk, _, _ = diagnosed(follows=False)
+    first = quirk.probe["probed"]["answer_format_instruction"]
+    assert len(first) == 3 and len({key.split("/")[1].rsplit("-", 1)[0] for key in first}) == 3
+    store = MemoryStore()
+    run_ids, suite, _ = plant(store)
+    beta = Instructable(suite, follows=False)
+    alpha = ScriptedBackend([Rule(text=answer_form(i), match=i.input) for i in suite.instances], model_id="alpha")
+    again = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=alpha,
+                     backend_factory={"alpha": alpha, "beta": beta}.__getitem__, budget=CallBudget(),
+                     previous_clusters=[report.clusters])
+    later = next(c for c in again.clusters if set(c.models) == {"beta"} and len(c.instances) >= 3)
+    second = later.probe["probed"]["answer_format_instruction"]
+    assert len(second) == 3 and not set(second) & set(first)
+    assert set(first) <= asked_before(report.clusters)["answer_format_instruction"]
+
+
+def test_spread_takes_categories_in_turn_and_what_was_asked_last() -> None:
+    from ecdysis.records import Instance
+    from ecdysis.refine import spread
+    failures = [(f"s/{c}-{i}", Instance(id=f"{c}-{i}", input="x", target="y", category=c))
+                for c in ("alpha", "beta", "gamma") for i in range(4)]
+    picked = spread(failures, 3)
+    assert sorted(inst.category for _, inst in picked) == ["alpha", "beta", "gamma"]
+    assert spread(list(reversed(failures)), 3) == picked  # the order given does not matter
+    asked = {key for key, _ in failures if not key.endswith("-3")}
+    assert {key for key, _ in spread(failures, 3, asked)} == {"s/alpha-3", "s/beta-3", "s/gamma-3"}
+    assert len(spread(failures, 5, asked)) == 5 and spread(failures[:1], 3) == failures[:1]
