@@ -8,9 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, Mapping, TypeVar
+from typing import Any, Iterable, Literal, Mapping, Sequence, TypeVar
 
 _D = TypeVar("_D")
+_T = TypeVar("_T")
 
 
 def from_fields(cls: type[_D], data: Mapping[str, Any]) -> _D:
@@ -127,6 +128,18 @@ def request_key(model_id: str, request: dict[str, Any]) -> str:
         request = {**request, "json_schema": json.dumps(request["json_schema"], ensure_ascii=False)}
     blob = json.dumps({"model": model_id, **request}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def in_turn(groups: Iterable[Sequence[_T]]) -> list[_T]:
+    """The items of `groups`, one from each group in turn (in the groups' order) until every group
+    is spent: how a few instances span every category, not only the first."""
+    queues = [list(group) for group in groups]
+    out: list[_T] = []
+    while any(queues):
+        for queue in queues:
+            if queue:
+                out.append(queue.pop(0))
+    return out
 
 
 def keys_sorted(value: Any) -> Any:

@@ -22,7 +22,7 @@ from ecdysis.errors import BudgetExceeded, EcdysisError, InputError, ModelError
 from ecdysis.harness import validate_files
 from ecdysis.models.gateway import (CALL_LIMIT_MESSAGE, MAX_CALLS_PER_SOLVE, ModelGateway, harness_reply,
                                     harness_request)
-from ecdysis.records import Instance, ScorerSpec
+from ecdysis.records import Instance, ScorerSpec, in_turn
 from ecdysis.roles.base import CaseFile, CheckResult, Draft, Exemplar, ModificationSpec, RoleBackend, RoleMessage
 from ecdysis.roles.drafting import ProposalError, materialize
 from ecdysis.roles.operators import OPERATORS
@@ -273,18 +273,13 @@ def spread(failures: Sequence[tuple[str, Instance]], n: int,
     def rank(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()
 
-    fresh = [f for f in failures if f[0] not in asked]
     picked: list[tuple[str, Instance]] = []
-    for pool in (fresh, [f for f in failures if f[0] in asked]):
+    for pool in ([f for f in failures if f[0] not in asked], [f for f in failures if f[0] in asked]):
         by_category: dict[str, list[tuple[str, Instance]]] = {}
         for key, inst in sorted(pool, key=lambda f: rank(f[0])):
             by_category.setdefault(inst.category, []).append((key, inst))
-        queues = [by_category[c] for c in sorted(by_category, key=rank)]
-        while len(picked) < n and any(queues):
-            for queue in queues:
-                if queue and len(picked) < n:
-                    picked.append(queue.pop(0))
-    return picked
+        picked += in_turn(by_category[c] for c in sorted(by_category, key=rank))
+    return picked[:n]
 
 
 @dataclass

@@ -15,7 +15,7 @@ from ecdysis.executors import Batch, Executor
 from ecdysis.executors.local import LocalExecutor
 from ecdysis.models.base import ModelBackend
 from ecdysis.events import EventSink
-from ecdysis.records import Instance, InstanceResult, RunRecord, RunSummary, Suite
+from ecdysis.records import Instance, InstanceResult, RunRecord, RunSummary, Suite, in_turn
 from ecdysis.sandbox import SandboxLimits, isolation
 from ecdysis.store import HarnessVersion, Store
 
@@ -36,12 +36,7 @@ def pick_instances(suite: Suite, split: str, limit: int | None, *, window: int =
     by_cat: dict[str, list[Instance]] = {}
     for inst in pool:
         by_cat.setdefault(inst.category, []).append(inst)
-    ordered: list[Instance] = []
-    queues = [list(v) for _, v in sorted(by_cat.items())]
-    while any(queues):
-        for q in queues:
-            if q:
-                ordered.append(q.pop(0))
+    ordered = in_turn(v for _, v in sorted(by_cat.items()))
     if window:
         if limit is None:
             raise InputError(f"window {window} of the {split} split needs a limit: a window is counted in it")
