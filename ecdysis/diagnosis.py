@@ -298,8 +298,13 @@ def diagnose(store: Store, run_ids: Sequence[str], *, suite_loader: Callable[[st
             backend = _resolve_model(model, model, backend_factory)
             return SmokeRunner(ModelGateway(backend, store, budget=budget), limits or SandboxLimits(timeout_s=60.0),
                                scorers=scorers)
+        passed: dict[str, list[str]] = {}
+        for suite_name, result in batch.results:
+            if result.correct and not result.error_type:
+                passed.setdefault(result.model, []).append(f"{suite_name}/{result.instance_id}")
         clusters = probe_clusters(clusters, dict(current_files or batch.harness.files), exemplars, instances,
-                                  runner_for, earlier=[c for iteration in previous for c in iteration])
+                                  runner_for, earlier=[c for iteration in previous for c in iteration],
+                                  passed=passed)
         emit({"type": "probed", "harness_level": sum(c.verdict == "harness-level" for c in clusters)})
     refiner = Refiner(backend, checks, max_rounds=max_rounds, respect_verdicts=only_instances is None, passes=passes)
     engine = HeuristicRoleBackend()

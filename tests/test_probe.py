@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from diagnosis_fixtures import M_REPLY, MemoryStore, answer_form, plant
+from diagnosis_fixtures import M_REPLY, MemoryStore, answer_form, plant, planted_reply
 from ecdysis.budget import CallBudget
 from ecdysis.diagnosis import diagnose
 from ecdysis.models.scripted import Rule, ScriptedBackend
@@ -20,24 +20,33 @@ INSTRUCTION = AnswerFormatInstruction().system_text
 
 
 class Instructable:
-    """beta, scripted: prose with no answer, unless any message carries the answer-format
-    instruction, then the right answer in the form the task asks."""
+    """beta, scripted: what the planted world has it reply (prose with no answer on instances 3-4),
+    unless a message carries the answer-format instruction and it `follows` it (on every instance,
+    or on the ids in the set), then the right answer in the form the task asks. With `breaks`, the
+    instruction also makes it answer wrong on the instances it passes without it."""
 
     max_concurrency = 8
     deterministic = True
     scores_options = False
 
-    def __init__(self, suite, follows: bool) -> None:
+    def __init__(self, suite, follows: bool | set[str], breaks: bool | set[str] = False) -> None:
         self.model_id = "beta"
-        self.follows = follows
-        self.plain = ScriptedBackend(model_id="beta", default=M_REPLY)
-        self.told = ScriptedBackend([Rule(text=answer_form(i), match=i.input) for i in suite.instances],
+        self.suite, self.follows = suite, follows
+        self.plain = ScriptedBackend([Rule(text=planted_reply("beta", i, {"H", "M", "noise"}), match=i.input)
+                                      for i in suite.instances], model_id="beta", default=M_REPLY)
+        failing = [i for i in suite.instances if int(i.id.rsplit("-", 1)[1]) in (3, 4)]
+        self.told = ScriptedBackend([Rule(text=answer_form(i), match=i.input) for i in failing]
+                                    + [Rule(text="I cannot say." if breaks is True or i.id in (breaks or ())
+                                            else answer_form(i), match=i.input)
+                                       for i in suite.instances if i not in failing],
                                     model_id="beta", default=M_REPLY)
         self.history: list[CompletionRequest] = []
 
     def complete(self, request: CompletionRequest) -> Completion:
         self.history.append(request)
-        told = self.follows and any(INSTRUCTION in content for _, content in request.messages)
+        text = " ".join(content for _, content in request.messages)
+        told = INSTRUCTION in text and (self.follows is True or any(
+            i.input in text for i in self.suite.instances if i.id in (self.follows or ())))
         return (self.told if told else self.plain).complete(request)
 
     def close(self) -> None:
@@ -60,7 +69,11 @@ def test_a_one_model_cluster_the_harness_can_recover_becomes_harness_level() -> 
     report, quirk, beta, budget = diagnosed(follows=True)
     assert quirk.verdict == "harness-level", quirk.reason
     assert quirk.reason.startswith("Recoverable by the harness: with answer_format_instruction, 3 of 3 of these "
-                                   "failures on beta come back right (probe). Before the probe: Specific to beta")
+                                   "failures on beta come back right, and 3 of the 3 passing train instances of beta it "
+                                   "was also run on stay right (probe). Before the probe: Specific to beta")
+    guards = quirk.probe["guards"]["answer_format_instruction"]
+    assert len(guards["kept"]) == 3 and not guards["lost"]
+    assert not set(guards["kept"]) & set(quirk.probe["probed"]["answer_format_instruction"])
     assert quirk.probe["operator"] == "answer_format_instruction" and len(quirk.probe["members"]) == 3
     assert all(key.split("/")[1].endswith(("-003", "-004")) for key in quirk.probe["members"])
     assert any(e.startswith("probe: answer_format_instruction on beta") for e in quirk.evidence)
@@ -183,3 +196,100 @@ def test_spread_takes_categories_in_turn_and_what_was_asked_last() -> None:
     asked = {key for key, _ in failures if not key.endswith("-3")}
     assert {key for key, _ in spread(failures, 3, asked)} == {"s/alpha-3", "s/beta-3", "s/gamma-3"}
     assert len(spread(failures, 5, asked)) == 5 and spread(failures[:1], 3) == failures[:1]
+
+
+def probed_twice(follows: set[str], *, files: dict[str, str] | None = None):
+    """Two diagnoses of the planted world, the second told of the first's clusters (a later
+    iteration's batch): beta follows the instruction on the ids in `follows` only. `files`: the
+    harness the second diagnosis patches (default: the same one)."""
+    first_store = MemoryStore()
+    run_ids, suite, version = plant(first_store)
+    beta = Instructable(suite, follows)
+    alpha = ScriptedBackend([Rule(text=answer_form(i), match=i.input) for i in suite.instances], model_id="alpha")
+    backends = {"alpha": alpha, "beta": beta}.__getitem__
+    first = diagnose(first_store, run_ids, suite_loader=lambda name: suite, smoke_model=alpha,
+                     backend_factory=backends, budget=CallBudget())
+    second = diagnose(first_store, run_ids, suite_loader=lambda name: suite, smoke_model=alpha,
+                      backend_factory=backends, budget=CallBudget(), previous_clusters=[first.clusters],
+                      current_files=files)
+    pick = lambda report: next(c for c in report.clusters if set(c.models) == {"beta"} and len(c.instances) >= 3)
+    return pick(first), pick(second), version
+
+
+def test_a_repair_that_brings_back_one_failure_a_probe_is_promoted_once_two_probes_of_it_agree() -> None:
+    """The instruction brings back one failure of each probe's three: the first probe alone is not
+    evidence, the second, pooled with the first (the same patched harness, the same model, other
+    failures), is. With the harness changed in between, the first probe's result is not pooled."""
+    name = "answer_format_instruction"
+    # Which failures the two probes draw depends on the hashed order, not on the replies.
+    a, b, _ = probed_twice(set())
+    one, two = a.probe["probed"][name][0], b.probe["probed"][name][0]
+    follows = {one.split("/")[1], two.split("/")[1]}
+    first, second, version = probed_twice(follows)
+    assert first.verdict != "harness-level" and first.probe["right"][name] == [one], first.reason
+    assert f"{name} 1/3;" in first.reason and "came back right: not the harness's on that evidence" in first.reason
+    assert "guards" not in first.probe  # too little brought back to pay for guards
+    assert second.verdict == "harness-level", second.reason
+    assert second.probe["right"][name] == [two] and second.probe["recovered"] == sorted({one, two})
+    assert (f"with {name}, 1 of 3 of these failures on beta come back right, and 1 more in earlier probes of "
+            f"the same patched harness ({one})") in second.reason
+    assert second.probe["guards"][name]["kept"] and not second.probe["guards"][name]["lost"]
+    changed = {**version.files, "harness.py": version.files["harness.py"] + "\n# changed\n"}
+    _, alone, _ = probed_twice(follows, files=changed)
+    assert alone.verdict != "harness-level" and alone.probe["right"][name] == [two], alone.reason
+
+
+def test_a_repair_that_loses_passing_instances_is_not_the_harness_fix() -> None:
+    """With the instruction beta gets every one of its failures right, and the instances it passed
+    wrong. By the failures alone the probe would promote the cluster; the passing train instances
+    it is also run on are lost, so the cluster stays the model's and the reason names them."""
+    store = MemoryStore()
+    run_ids, suite, _ = plant(store)
+    beta = Instructable(suite, True, breaks=True)
+    alpha = ScriptedBackend([Rule(text=answer_form(i), match=i.input) for i in suite.instances], model_id="alpha")
+    budget = CallBudget()
+    report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=alpha,
+                      backend_factory={"alpha": alpha, "beta": beta}.__getitem__, budget=budget)
+    quirk = next(c for c in report.clusters if set(c.models) == {"beta"} and len(c.instances) >= 3)
+    name = "answer_format_instruction"
+    assert quirk.verdict != "harness-level", quirk.reason
+    assert len(quirk.probe["right"][name]) == 3
+    lost = quirk.probe["guards"][name]["lost"]
+    assert len(lost) == 3 and not quirk.probe["guards"][name]["kept"]
+    assert f"{name} 3/3, but it lost 3 of 3 passing instances ({', '.join(lost)})" in quirk.reason
+    passed = {f"planted/{r.instance_id}" for r in store.get_results(run_ids[1]) if r.correct}
+    assert set(lost) <= passed and not set(lost) & set(quirk.probe["right"][name])
+    assert not [p for p in report.proposals if p.cluster_id == quirk.id]
+    assert budget.calls >= len(beta.history)  # the guards' calls were charged too
+
+
+@pytest.mark.parametrize("broken", [1, 2])
+def test_a_repair_must_bring_back_more_than_twice_what_it_loses(broken: int) -> None:
+    """The instruction brings back 3 of 3 failures and loses `broken` of the 3 passing instances the
+    probe also runs it on: one loss is outweighed (3 > 2), two are not (3 <= 4), the gate's rule."""
+    name = "answer_format_instruction"
+    _, clean, _, _ = diagnosed(follows=True)
+    guards = clean.probe["guards"][name]["kept"]
+    store = MemoryStore()
+    run_ids, suite, _ = plant(store)
+    beta = Instructable(suite, True, breaks={key.split("/")[1] for key in guards[:broken]})
+    alpha = ScriptedBackend([Rule(text=answer_form(i), match=i.input) for i in suite.instances], model_id="alpha")
+    report = diagnose(store, run_ids, suite_loader=lambda name: suite, smoke_model=alpha,
+                      backend_factory={"alpha": alpha, "beta": beta}.__getitem__, budget=CallBudget())
+    quirk = next(c for c in report.clusters if set(c.models) == {"beta"} and len(c.instances) >= 3)
+    assert quirk.probe["guards"][name]["lost"] == sorted(guards[:broken])
+    if broken == 1:
+        assert quirk.verdict == "harness-level", quirk.reason
+        assert "come back right, and 2 of the 3 passing train instances of beta it was also run on stay right" \
+            in quirk.reason
+    else:
+        assert quirk.verdict != "harness-level", quirk.reason
+        assert f"{name} 3/3, but it lost 2 of 3 passing instances" in quirk.reason
+
+
+def test_guards_an_earlier_probe_ran_are_counted_not_run_again() -> None:
+    """Pooled guards: what earlier probes of the same patched harness kept and lost both count, and
+    when they add up to `GUARDS` no call is made (no runner is needed)."""
+    from ecdysis.probe import GUARDS, Pooled, _guard
+    before = Pooled(kept={"s/a", "s/b"}, lost={"s/c"})
+    assert GUARDS == 3 and _guard(None, {}, [], before) == (["s/a", "s/b"], ["s/c"])

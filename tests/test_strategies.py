@@ -1055,7 +1055,8 @@ def test_a_one_model_cluster_that_a_later_reading_repair_recovers_is_the_harness
     [cluster] = report_of(svc.get_diagnosis(row["diagnosis_id"])).clusters
     assert cluster.verdict == "harness-level" and set(cluster.models) == {"planted-one-reader"}, cluster.reason
     assert cluster.reason.startswith("Recoverable by the harness: with choice_matching, 4 of 6 of these failures "
-                                     "on planted-one-reader come back right (probe)"), cluster.reason
+                                     "on planted-one-reader come back right, and 3 of the 3 passing train instances "
+                                     "of planted-one-reader it was also run on stay right (probe)"), cluster.reason
     assert {k: len(v) for k, v in cluster.probe["probed"].items()} == {
         "answer_format_instruction": 3, "option_scoring": 3, "answer_extraction": 6, "choice_matching": 6}
     assert not cluster.probe["right"]["answer_extraction"]

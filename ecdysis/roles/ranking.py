@@ -88,9 +88,11 @@ class Ranking:
                       "each option needs no usable written reply", at=place)
         probed = (cluster.probe or {}).get("operator")
         if probed:
-            # The repair the recoverability probe saw bring most of these failures back comes first.
+            # The repair the recoverability probe saw bring these failures back comes first.
             right = len((cluster.probe.get("right") or {}).get(probed) or ())
             members = len((cluster.probe.get("probed") or {}).get(probed) or cluster.probe.get("members") or ())
+            pooled = len(cluster.probe.get("recovered") or ()) - right
+            also = f" (and {pooled} more in earlier probes)" if pooled > 0 else ""
             out.first(probed, f"the recoverability probe brought {right} of {members} of these failures back "
-                      f"right with it on {cluster.probe.get('model', 'the probed model')}")
+                      f"right with it on {cluster.probe.get('model', 'the probed model')}{also}")
         return out
