@@ -239,3 +239,35 @@ def test_the_judge_benchmark_pairs_the_three_harnesses_on_both_splits(tmp_path: 
         v = s["variants"]
         assert v["starter agent"]["calls"] == 5 < v["call_schema, judge off"]["calls"] < v["call_schema"]["calls"]
     assert "| validation (5) | call_schema |" in (tmp_path / "call_schema_judge.md").read_text()
+
+
+def test_the_speedup_ceiling_is_the_baselines_cost_over_the_cheapest_route_to_its_target() -> None:
+    """A planted block: the baseline reaches 0.5 at 300 calls on seed 1 and at 100 on seed 2, and
+    never rises on seed 3; Ecdysis reaches it at 150 and 200. The cheapest route to 0.5 is the
+    baseline's 100 calls on seed 2, so the ceiling is 3x on seed 1 and 1x on seed 2 (mean 2x), seed 3
+    is undefined and left out; then, on the committed BFCL and BIG-Bench Hard results, no measured
+    speedup exceeds its ceiling (each evolution's cost to a target is at least the cheapest's)."""
+    from speedup_ceiling import ceilings, report
+
+    def seed(*points: tuple[int, float, float]) -> dict:
+        return {"curve": [{"calls": c, "seconds": s, "val_accuracy": a} for c, s, a in points]}
+    block = {"base_val_accuracy": 0.4, "strategies": {
+        "per-instance": {"per_seed": {"1": seed((0, 0.0, 0.4), (300, 30.0, 0.5)),
+                                      "2": seed((0, 0.0, 0.4), (100, 20.0, 0.5)),
+                                      "3": seed((0, 0.0, 0.4), (500, 50.0, 0.4))}},
+        "ecdysis": {"per_seed": {"1": seed((0, 0.0, 0.4), (150, 10.0, 0.5)),
+                                 "2": seed((0, 0.0, 0.4), (200, 40.0, 0.5)),
+                                 "3": seed((0, 0.0, 0.4), (120, 12.0, 0.45))}}}}
+    got = ceilings(block, "per-instance")
+    assert got["per_seed"]["1"]["calls"] == 3.0 and got["per_seed"]["2"]["calls"] == 1.0
+    assert got["per_seed"]["1"]["fewest_calls_by"] == ["per-instance", "2"]
+    assert got["per_seed"]["1"]["seconds"] == 3.0 and got["per_seed"]["1"]["fewest_seconds_by"] == ["ecdysis", "1"]
+    assert "calls" not in got["per_seed"]["3"] and got["ceiling_calls"] == 2.0
+    for name in ("compare_strategies_bfcl_budget", "compare_strategies_bbh_budget"):
+        results = json.loads((ROOT / "bench/results" / f"{name}.json").read_text())
+        [row] = report(results, "per-instance")
+        measured = results["suites"][row["suite"]][row["roles"]]["comparison"]["per-instance"]["per_seed"]
+        for seed_name, up in zip(sorted(row["per_seed"]), measured):
+            if up.get("calls") is not None:
+                assert up["calls"] <= row["per_seed"][seed_name]["calls"] + 1e-9, (name, seed_name)
+        assert row["ceiling_calls"] >= row["measured_calls"]
