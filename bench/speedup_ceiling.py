@@ -33,19 +33,24 @@ def ceilings(block: Mapping[str, Any], baseline: str) -> dict[str, Any]:
     """For one suite-and-roles block of a results file: per seed, the baseline's cost to its final
     validation accuracy, the fewest any evolution of the block spent to reach it, and their ratio
     in calls and in seconds; then the mean ratios over the seeds where the ratio is defined."""
-    start = float(block["base_val_accuracy"])
     curves = {(name, seed): [Point(**p) for p in facts["curve"]]
               for name, figures in block["strategies"].items()
               for seed, facts in figures.get("per_seed", {}).items()}
+    # A run that rotates its held-out windows validates seeds on different instances: accuracies
+    # compare only within one window.
+    windows = {str(k): str(v) for k, v in (block.get("holdout_windows") or {}).items()}
     seeds: dict[str, Any] = {}
     for (name, seed), theirs in sorted(curves.items()):
         if name != baseline:
             continue
+        window = windows.get(seed)
+        start = float((block.get("base_val_by_window") or {}).get(window, block["base_val_accuracy"]))
         target = theirs[-1].val_accuracy
         if target <= start + 1e-9:
             seeds[seed] = {"target": target, "why": "the baseline never rose above the starting harness"}
             continue
-        reached = {key: point for key, curve in curves.items() if (point := reach(curve, target)) is not None}
+        reached = {key: point for key, curve in curves.items()
+                   if windows.get(key[1]) == window and (point := reach(curve, target)) is not None}
         own = reached[(name, seed)]
         cheapest = min(reached.items(), key=lambda kv: (kv[1].calls, kv[1].seconds))
         fastest = min(reached.items(), key=lambda kv: (kv[1].seconds, kv[1].calls))

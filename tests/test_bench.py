@@ -263,6 +263,10 @@ def test_the_speedup_ceiling_is_the_baselines_cost_over_the_cheapest_route_to_it
     assert got["per_seed"]["1"]["fewest_calls_by"] == ["per-instance", "2"]
     assert got["per_seed"]["1"]["seconds"] == 3.0 and got["per_seed"]["1"]["fewest_seconds_by"] == ["ecdysis", "1"]
     assert "calls" not in got["per_seed"]["3"] and got["ceiling_calls"] == 2.0
+    # Seeds validated on different held-out windows are not compared: on its own window seed 1's
+    # cheapest route is Ecdysis's 150 calls.
+    rotated = {**block, "holdout_windows": {"1": 1, "2": 0, "3": 0}, "base_val_by_window": {"0": 0.4, "1": 0.4}}
+    assert ceilings(rotated, "per-instance")["per_seed"]["1"]["calls"] == 2.0
     for name in ("compare_strategies_bfcl_budget", "compare_strategies_bbh_budget"):
         results = json.loads((ROOT / "bench/results" / f"{name}.json").read_text())
         [row] = report(results, "per-instance")
