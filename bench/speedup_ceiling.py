@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.compare_strategies import mean  # noqa: E402
 from ecdysis.compare import Point, reach  # noqa: E402
 
 
@@ -59,12 +60,9 @@ def ceilings(block: Mapping[str, Any], baseline: str) -> dict[str, Any]:
                        "fewest_seconds": fastest[1].seconds, "fewest_seconds_by": list(fastest[0]),
                        "calls": round(own.calls / cheapest[1].calls, 3) if cheapest[1].calls else None,
                        "seconds": round(own.seconds / fastest[1].seconds, 3) if fastest[1].seconds else None}
-
-    def mean(key: str) -> float | None:
-        got = [s[key] for s in seeds.values() if s.get(key) is not None]
-        return round(sum(got) / len(got), 3) if got else None
-    return {"baseline": baseline, "ceiling_calls": mean("calls"), "ceiling_seconds": mean("seconds"),
-            "per_seed": seeds}
+    return {"baseline": baseline, "per_seed": seeds,
+            "ceiling_calls": mean([s.get("calls") for s in seeds.values()]),
+            "ceiling_seconds": mean([s.get("seconds") for s in seeds.values()])}
 
 
 def report(results: Mapping[str, Any], baseline: str) -> list[dict[str, Any]]:

@@ -29,14 +29,13 @@ calls goes through the cache and the budget like any smoke run."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ecdysis.aggregate import MECHANISM_TYPES, PROBE_MIN_INSTANCES, Cluster, PriorityOrder, evidence_key
 from ecdysis.errors import EcdysisError
 from ecdysis.failures import AGENT_TYPES, MULTI_TURN_TYPES
+from ecdysis.harness import harness_id
 from ecdysis.records import Instance
 from ecdysis.refine import SmokeRunner, expected_calls, spread, train_failures
 from ecdysis.roles.base import Exemplar
@@ -108,7 +107,7 @@ class Pooled:
 
 
 def pooled_evidence(clusters: Sequence[Cluster]) -> dict[tuple[str, str], Pooled]:
-    """The probes' results per (model, digest of the patched harness's files)."""
+    """The probes' results per (model, `harness_id` of the patched harness's files)."""
     out: dict[tuple[str, str], Pooled] = {}
     for cluster in clusters:
         record = cluster.probe or {}
@@ -118,10 +117,6 @@ def pooled_evidence(clusters: Sequence[Cluster]) -> dict[tuple[str, str], Pooled
                 right=set((record.get("right") or {}).get(name) or ()),
                 kept=set(guards.get("kept") or ()), lost=set(guards.get("lost") or ())))
     return out
-
-
-def digest(files: Mapping[str, str]) -> str:
-    return hashlib.sha256(json.dumps(dict(files), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exemplar],
@@ -150,7 +145,7 @@ def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exempl
         right, read = runner.right_and_read(patched, members)
         record["right"][name] = right
         record.setdefault("probed", {})[name] = [k for k, _ in members]
-        record.setdefault("patched", {})[name] = digest(patched)
+        record.setdefault("patched", {})[name] = harness_id(patched)
         before = pooled.get((model, record["patched"][name]), Pooled())
         earlier = sorted(before.right - set(right))
         readable = unread and reads_only(name) and len(read) >= 2 and 2 * len(read) > len(members)
