@@ -13,9 +13,12 @@ instances, on which model (a person can rerun it).
 What counts as evidence is two things a person can rerun. The repair brings back at least
 `MIN_RECOVERED` distinct failures of that model: on this probe, or pooled with earlier probes of the
 very same patched harness on the same model (a cached, deterministic model answers a failure the
-same way on every batch, so those results still hold). And it is also run on `GUARDS` of the
-model's passing train instances (pooled the same way), and must bring back more than twice as many
-failures as it loses of those, the gate's own rule: a repair that scrambles answers loses passing
+same way on every batch, so those results still hold). A repair that has brought back some
+failures, but fewer than that, is run at once on up to `PROBE_MORE` further failures of the cluster
+not asked about before: a sequential sample, which spends a few calls of this batch on a signal
+instead of waiting batches for the draw to come back to it. And the repair is also run on `GUARDS`
+of the model's passing train instances (pooled the same way), and must bring back more than twice
+as many failures as it loses of those, the gate's own rule: a repair that scrambles answers loses passing
 ones as readily as it brings back failing ones, and is not the harness's fix. How much the repair
 is worth is not the probe's question: screening on the batch and the paired gate on validation
 weigh that. Asking for "most of three" instead measured how often a repair helps, not whether it
@@ -45,6 +48,7 @@ from ecdysis.roles.ranking import Ranking
 from ecdysis.roles.repairs import RepairInput
 
 PROBE_SIZE = 3        # failures of the cluster each repair is run on
+PROBE_MORE = 3        # further failures it is run on when the first bring back some, but too few
 MIN_RECOVERED = 2     # distinct failures a repair must bring back, this probe and earlier ones pooled
 GUARDS = 3            # passing train instances of the model a repair is also run on before it is promoted
 PROBE_OPERATORS = 2   # catalogue repairs tried per cluster, best ranked first
@@ -143,10 +147,18 @@ def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exempl
         # the cluster's model, replaying requests paid for already; another on `PROBE_SIZE` of them.
         members = failures if reads_only(name) else spread(failures, PROBE_SIZE, asked.get(name, set()))
         right, read = runner.right_and_read(patched, members)
+        before = pooled.get((model, harness_id(patched)), Pooled())
+        if not reads_only(name) and 0 < len(right) + len(before.right - set(right)) < MIN_RECOVERED:
+            # One failure brought back is a signal short of evidence: ask the batch's other failures
+            # of the cluster now, once, rather than wait for later batches to draw them.
+            seen = asked.get(name, set()) | {k for k, _ in members}
+            more = spread([f for f in failures if f[0] not in seen], PROBE_MORE)
+            if more:
+                also, _ = runner.right_and_read(patched, more)
+                right, members = [*right, *also], [*members, *more]
         record["right"][name] = right
         record.setdefault("probed", {})[name] = [k for k, _ in members]
         record.setdefault("patched", {})[name] = harness_id(patched)
-        before = pooled.get((model, record["patched"][name]), Pooled())
         earlier = sorted(before.right - set(right))
         readable = unread and reads_only(name) and len(read) >= 2 and 2 * len(read) > len(members)
         if unread and reads_only(name):

@@ -53,7 +53,7 @@ class Instructable:
         pass
 
 
-def diagnosed(follows: bool):
+def diagnosed(follows: bool | set[str]):
     store = MemoryStore()
     run_ids, suite, _ = plant(store)
     beta = Instructable(suite, follows)
@@ -217,17 +217,21 @@ def probed_twice(follows: set[str], *, files: dict[str, str] | None = None):
 
 
 def test_a_repair_that_brings_back_one_failure_a_probe_is_promoted_once_two_probes_of_it_agree() -> None:
-    """The instruction brings back one failure of each probe's three: the first probe alone is not
-    evidence, the second, pooled with the first (the same patched harness, the same model, other
-    failures), is. With the harness changed in between, the first probe's result is not pooled."""
+    """The instruction brings back one failure of the first probe's three and none of the three more
+    it then asks: the first probe alone is not evidence; the second brings back one more, and pooled
+    with the first (the same patched harness, the same model, other failures), that is. With the
+    harness changed in between, the first probe's result is not pooled."""
     name = "answer_format_instruction"
-    # Which failures the two probes draw depends on the hashed order, not on the replies.
-    a, b, _ = probed_twice(set())
-    one, two = a.probe["probed"][name][0], b.probe["probed"][name][0]
+    # Which failures the probes draw depends on the hashed order and on whether one came back.
+    a, _, _ = probed_twice(set())
+    one = a.probe["probed"][name][0]
+    _, b, _ = probed_twice({one.split("/")[1]})
+    two = b.probe["probed"][name][0]
     follows = {one.split("/")[1], two.split("/")[1]}
     first, second, version = probed_twice(follows)
     assert first.verdict != "harness-level" and first.probe["right"][name] == [one], first.reason
-    assert f"{name} 1/3;" in first.reason and "came back right: not the harness's on that evidence" in first.reason
+    assert f"{name} 1/6;" in first.reason and "came back right: not the harness's on that evidence" in first.reason
+    assert two not in first.probe["probed"][name]
     assert "guards" not in first.probe  # too little brought back to pay for guards
     assert second.verdict == "harness-level", second.reason
     assert second.probe["right"][name] == [two] and second.probe["recovered"] == sorted({one, two})
@@ -293,3 +297,27 @@ def test_guards_an_earlier_probe_ran_are_counted_not_run_again() -> None:
     from ecdysis.probe import GUARDS, Pooled, _guard
     before = Pooled(kept={"s/a", "s/b"}, lost={"s/c"})
     assert GUARDS == 3 and _guard(None, {}, [], before) == (["s/a", "s/b"], ["s/c"])
+
+
+def test_a_repair_that_brings_back_one_failure_is_asked_about_more_of_the_batch_at_once() -> None:
+    """One failure of three back is a signal short of evidence: the probe runs the repair on up to
+    `PROBE_MORE` further failures of the cluster, and a second one back there promotes the cluster
+    in the same batch. No failure back, no further call."""
+    from ecdysis.probe import PROBE_MORE, PROBE_SIZE
+    name = "answer_format_instruction"
+    report, quiet, beta, _ = diagnosed(follows=False)
+    assert len(quiet.probe["probed"][name]) == PROBE_SIZE  # nothing came back: three asked, no more
+    one = quiet.probe["probed"][name][0]
+    _, single, beta_one, _ = diagnosed(follows={one.split("/")[1]})
+    asked = single.probe["probed"][name]
+    assert len(asked) == PROBE_SIZE + PROBE_MORE and len(set(asked)) == len(asked), single.reason
+    assert asked[:PROBE_SIZE] == quiet.probe["probed"][name] and f"{name} 1/6;" in single.reason
+    told = [r for r in beta_one.history if any(INSTRUCTION in c for _, c in r.messages)]
+    assert len(told) == PROBE_SIZE + PROBE_MORE  # each further failure asked once, no guards yet
+    two = asked[PROBE_SIZE]
+    _, quirk, _, _ = diagnosed(follows={one.split("/")[1], two.split("/")[1]})
+    assert quirk.verdict == "harness-level", quirk.reason
+    assert quirk.probe["recovered"] == sorted({one, two}) and quirk.probe["probed"][name] == asked
+    assert quirk.reason.startswith(f"Recoverable by the harness: with {name}, 2 of 6 of these failures on beta "
+                                   "come back right, and 3 of the 3 passing train instances of beta it was also run "
+                                   "on stay right (probe).")
