@@ -66,7 +66,8 @@ def config(args: argparse.Namespace, suite: str, strategy: str, seed: int, roles
                         auto_approve=True, role_backend=roles, max_rounds=2, concurrency=1,
                         max_model_calls=args.budget, charge_cached=True, seed=seed,
                         holdout_window=window_of(args, seed),
-                        label=evolution_label(suite, strategy, seed, roles, run_tag(args, window_of(args, seed))))
+                        label=evolution_label(suite, strategy, seed, roles,
+                                              run_tag(args, window_of(args, seed), strategy)))
 
 
 def window_of(args: argparse.Namespace, seed: int) -> int:
@@ -81,9 +82,12 @@ def holdout_part(window: int) -> str:
     return f"holdout{window}" if window else ""
 
 
-def run_tag(args: argparse.Namespace, window: int) -> str:
-    """The evolutions' tag: `--tag`, and the held-out window (`holdout_part`)."""
-    return "-".join(part for part in (args.tag, holdout_part(window)) if part)
+def run_tag(args: argparse.Namespace, window: int, strategy: str = "ecdysis") -> str:
+    """The evolutions' tag: `--tag` (for a baseline, `--baselines-tag` when given), and the held-out
+    window (`holdout_part`)."""
+    given = getattr(args, "baselines_tag", None)
+    tag = given if given is not None and strategy in BASELINES else args.tag
+    return "-".join(part for part in (tag, holdout_part(window)) if part)
 
 
 def evolution_label(suite: str, strategy: str, seed: int, roles: str, tag: str = "") -> str:
@@ -105,9 +109,10 @@ def parse_label(label: str) -> dict[str, Any] | None:
     return {"suite": ":".join(rest[1:-3]), "strategy": rest[-3], "seed": int(rest[-2]), "roles": rest[-1], "tag": tag}
 
 
-def evolve(svc: Any, cfg: Any) -> Any:
+def evolve(svc: Any, cfg: Any, *, stored_only: bool = False) -> Any:
     """The evolution of this configuration: found finished in the store (a resumed benchmark),
-    continued, or run; sealed where it stands if the budget ran out."""
+    continued, or run; sealed where it stands if the budget ran out. With `stored_only` (a baseline
+    under `--baselines-tag`), only found finished: it is never run on this code."""
     from ecdysis.evolve import Evolver
     tag = cfg.strategy
 
@@ -117,6 +122,8 @@ def evolve(svc: Any, cfg: Any) -> Any:
                   f"{e['model_calls']} calls — {e['gate']}", flush=True)
     evolver = Evolver(svc, events=say)
     mine = [e for e in svc.store.list_evolutions(limit=1000) if e.config.get("label") == cfg.label]
+    if stored_only and not (mine and mine[0].status not in ("running", "failed")):
+        raise SystemExit(f"--baselines-tag: no finished evolution labelled {cfg.label} in this --home")
     evo = mine[0] if mine else evolver.create(cfg)
     if evo.status in ("running", "failed") or not mine:
         evo = _run_when_free(evolver, evo.id)
@@ -330,7 +337,10 @@ def markdown(result: dict[str, Any]) -> str:
              + "budget "
              f"{cfg['budget']} model calls a strategy; seeds planned: {', '.join(planned) or 'none'}; "
              f"{result['measured']}; load {result['machine']['load_before']}→{result['machine']['load_after']}, "
-             f"CPU steal {result['machine']['steal_pct']} %. " + intervals_said(result)]
+             f"CPU steal {result['machine']['steal_pct']} %. " + intervals_said(result)
+             + (f" The baselines are their finished evolutions of an earlier run, tag `{cfg['baselines_tag']}` "
+                f"in the same data folder, not run again on this code (`--baselines-tag`)."
+                if cfg.get("baselines_tag") is not None else "")]
     for suite, per in result["suites"].items():
         for roles, block in per.items():
             old = block.get("carried_over")
@@ -507,6 +517,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tag", default="", help="added to every evolution's label: in a kept --home, a rerun "
                                                   "with changed code makes new evolutions instead of finding "
                                                   "the old ones")
+    parser.add_argument("--baselines-tag", default=None, metavar="TAG",
+                        help="compare with the baselines' finished evolutions of this earlier --tag in "
+                             "--home, never run again (for a change that leaves their code untouched: "
+                             "Ecdysis alone is run on this code); the results and table say so")
     parser.add_argument("--iterations", type=int, default=3,
                         help="at most this many iterations a strategy; set it high (16 for a budget of 800) "
                              "so that the budget, not the count, ends each strategy")
@@ -582,7 +596,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for seed in seeds:
                 for name in strategies:
                     print(f"== {suite} · {name} · seed {seed} · roles {roles}", flush=True)
-                    evos[(name, seed)] = evolve(svc, config(args, suite, name, seed, roles))
+                    evos[(name, seed)] = evolve(svc, config(args, suite, name, seed, roles),
+                                                stored_only=args.baselines_tag is not None and name in BASELINES)
                     # Written after every evolution: a long benchmark stopped midway keeps its figures
                     # (and `seeds` says which were complete).
                     done = {k: v for k, v in evos.items() if all((n, k[1]) in evos for n in strategies)}

@@ -102,6 +102,22 @@ def test_quick_benchmark_writes_the_documented_figures(tmp_path: Path, monkeypat
     assert sorted(lab.split(":", 2)[2] for lab in labels if lab.endswith(":v2")) == sorted(
         f"{name}:{seed}:heuristic:v2" for name in ("ecdysis", "per-instance", "self-evolution") for seed in (3, 4))
     assert len(labels) == 12
+    # A change that leaves the baselines' code alone: Ecdysis alone runs again under a new tag and is
+    # compared with the baselines' finished evolutions of the earlier tag, which are not run again.
+    assert compare_strategies.main(["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}",
+                                    "--home", str(tmp_path / "home"), "--out", str(tmp_path / "v3"),
+                                    "--first-seed", "3", "--tag", "v3", "--baselines-tag", "v2"]) == 0
+    v3 = json.loads((tmp_path / "v3" / "compare_strategies.json").read_text())
+    labels = [e.config["label"] for e in open_store(Settings.from_env().database_url).list_evolutions(limit=100)]
+    assert len(labels) == 14 and sorted(lab.split(":", 2)[2] for lab in labels if lab.endswith(":v3")) == [
+        "ecdysis:3:heuristic:v3", "ecdysis:4:heuristic:v3"]
+    for base in ("per-instance", "self-evolution"):
+        assert v3["strategies"][base] == later["strategies"][base]
+    assert "tag `v2` in the same data folder, not run again" in (tmp_path / "v3" / "compare_strategies.md").read_text()
+    with pytest.raises(SystemExit, match="no finished evolution labelled bench:arithmetic:per-instance:3"):
+        compare_strategies.main(["--quick", "--suite", "arithmetic", "--model", f"scripted:{script}",
+                                 "--home", str(tmp_path / "home"), "--out", str(tmp_path / "v4"),
+                                 "--first-seed", "3", "--tag", "v4", "--baselines-tag", "v9"])
 
 
 def test_the_proposer_picks_benchmark_reads_the_cases_a_strategy_run_left(tmp_path: Path, monkeypatch) -> None:
