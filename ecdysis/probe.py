@@ -147,7 +147,8 @@ def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exempl
         # the cluster's model, replaying requests paid for already; another on `PROBE_SIZE` of them.
         members = failures if reads_only(name) else spread(failures, PROBE_SIZE, asked.get(name, set()))
         right, read = runner.right_and_read(patched, members)
-        before = pooled.get((model, harness_id(patched)), Pooled())
+        digest = harness_id(patched)
+        before = pooled.get((model, digest), Pooled())
         if not reads_only(name) and 0 < len(right) + len(before.right - set(right)) < MIN_RECOVERED:
             # One failure brought back is a signal short of evidence: ask the batch's other failures
             # of the cluster now, once, rather than wait for later batches to draw them.
@@ -158,7 +159,7 @@ def probe(cluster: Cluster, files: Mapping[str, str], exemplars: Sequence[Exempl
                 right, members = [*right, *also], [*members, *more]
         record["right"][name] = right
         record.setdefault("probed", {})[name] = [k for k, _ in members]
-        record.setdefault("patched", {})[name] = harness_id(patched)
+        record.setdefault("patched", {})[name] = digest
         earlier = sorted(before.right - set(right))
         readable = unread and reads_only(name) and len(read) >= 2 and 2 * len(read) > len(members)
         if unread and reads_only(name):
