@@ -1037,8 +1037,9 @@ def test_a_clusters_other_reading_repairs_are_tried_free_and_the_better_one_kept
 def test_a_one_model_cluster_that_a_later_reading_repair_recovers_is_the_harnesses(tmp_path: Path, store) -> None:
     """One model writes each of its failing answers as the option's text in a sentence; the other
     answers every question with its letter, so the cluster is that model's alone and needs the
-    recoverability probe. The probe's first two repairs (the format instruction, option scoring)
-    recover nothing on 3 failures; a repair of reading replays the batch's requests, so every one
+    recoverability probe. The probe's first two repairs fall short: the format instruction recovers
+    none of 3 failures, option scoring 2 of 6 (1 of 3, then 3 more asked) but loses 2 of its 3
+    passing guards; a repair of reading replays the batch's requests, so every one
     that applies is probed too, on all 6 failures: extraction recovers none, choice matching 4. The
     cluster becomes harness-level on that evidence, choice matching is kept (test 1.0, against 0.667
     for the starter), and the reading repairs' probes and screens cost no call. Before, the probe stopped at two
@@ -1058,8 +1059,13 @@ def test_a_one_model_cluster_that_a_later_reading_repair_recovers_is_the_harness
                                      "on planted-one-reader come back right, and 3 of the 3 passing train instances "
                                      "of planted-one-reader it was also run on stay right (probe)"), cluster.reason
     assert {k: len(v) for k, v in cluster.probe["probed"].items()} == {
-        "answer_format_instruction": 3, "option_scoring": 3, "answer_extraction": 6, "choice_matching": 6}
+        "answer_format_instruction": 3, "option_scoring": 6, "answer_extraction": 6, "choice_matching": 6}
     assert not cluster.probe["right"]["answer_extraction"]
+    # Option scoring brought back one of its three, so it was asked about three more and brought
+    # back two in all; but it lost two of the three passing guards, so it is not the fix.
+    assert len(cluster.probe["right"]["option_scoring"]) == 2
+    assert len(cluster.probe["guards"]["option_scoring"]["lost"]) == 2
+    assert not cluster.probe["guards"]["choice_matching"]["lost"]
     fate = {h["operator"]: h["outcome"] for h in row["history"]}
     assert fate["choice_matching"] == "kept", row["history"]
     assert done.result["base_test_accuracy"] < 0.67 and done.result["test_accuracy"] == 1.0
