@@ -82,11 +82,15 @@ def holdout_part(window: int) -> str:
     return f"holdout{window}" if window else ""
 
 
+def reused(args: argparse.Namespace, strategy: str) -> bool:
+    """Whether this strategy's evolutions are an earlier run's, found finished (`--baselines-tag`)."""
+    return args.baselines_tag is not None and strategy in BASELINES
+
+
 def run_tag(args: argparse.Namespace, window: int, strategy: str = "ecdysis") -> str:
-    """The evolutions' tag: `--tag` (for a baseline, `--baselines-tag` when given), and the held-out
+    """The evolutions' tag: `--tag` (`--baselines-tag` for a `reused` baseline), and the held-out
     window (`holdout_part`)."""
-    given = getattr(args, "baselines_tag", None)
-    tag = given if given is not None and strategy in BASELINES else args.tag
+    tag = args.baselines_tag if reused(args, strategy) else args.tag
     return "-".join(part for part in (tag, holdout_part(window)) if part)
 
 
@@ -597,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for name in strategies:
                     print(f"== {suite} · {name} · seed {seed} · roles {roles}", flush=True)
                     evos[(name, seed)] = evolve(svc, config(args, suite, name, seed, roles),
-                                                stored_only=args.baselines_tag is not None and name in BASELINES)
+                                                stored_only=reused(args, name))
                     # Written after every evolution: a long benchmark stopped midway keeps its figures
                     # (and `seeds` says which were complete).
                     done = {k: v for k, v in evos.items() if all((n, k[1]) in evos for n in strategies)}
