@@ -84,6 +84,11 @@ class Runner:
         boundary = isolation(self.limits.isolation)  # ConfigError now, not per instance, if bwrap is required
         done = self.store.done_instance_ids(run.id)
         todo = [by_id[iid] for iid in run.instance_ids if iid not in done]
+        previous_wall = float(run.summary.get("wall_seconds_total", run.summary.get("wall_seconds", 0.0))
+                              if run.summary else 0.0)
+        if not todo and run.status == "done" and run.summary:
+            # Resuming a finished run changes nothing: its record (status, time, finish) stays as stored.
+            return summarize(run, suite, self.store.get_results(run.id), previous_wall)
         run.status = "running"
         self.store.update_run(run)
         batch = Batch(run=run, scorer=suite.scorer, harness=harness, backend=backend, store=self.store,
@@ -113,12 +118,12 @@ class Runner:
         if executor is None:
             executor = LocalExecutor()
         stop_reason = executor.run(batch, todo, on_result=on_result, should_stop=should_stop)
-        wall = time.perf_counter() - started
-        previous_wall = float(run.summary.get("wall_seconds_total", 0.0)) if run.summary else 0.0
+        # The run's time is the sum of its executions': a resumed run's summary counts the earlier ones too.
+        wall = previous_wall + time.perf_counter() - started
         # A fresh run's results are all here already; reading 2,000 back cost a quarter second.
         results = stored if not done else self.store.get_results(run.id)
         summary = summarize(run, suite, results, wall)
-        run.summary = {**summary.to_json(), "wall_seconds_total": previous_wall + wall,
+        run.summary = {**summary.to_json(), "wall_seconds_total": wall,
                        "isolation": boundary.to_json()}
         complete = len(self.store.done_instance_ids(run.id)) >= total
         run.status = "done" if complete else ("cancelled" if stop_reason == "cancelled" else "pending")

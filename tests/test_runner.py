@@ -98,6 +98,32 @@ def test_resume_runs_only_missing_instances(store) -> None:
     assert svc.get_run(run.id).status == "done"
 
 
+def test_a_resumed_runs_time_is_all_its_executions_and_resuming_a_finished_run_changes_nothing(store) -> None:
+    """A user who resumed a run that had already finished saw its time drop to 0.0 s: the summary
+    held the last execution's time alone. It is the sum of every execution's, and a finished run
+    resumed keeps its record as it was."""
+    backend = scripted()
+    svc = Service(store)
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="scripted-test", limit=6, use_cache=False))
+    calls = {"n": 0}
+    partial = svc.execute_run(run.id, use_cache=False, cancelled=lambda: (calls.__setitem__("n", calls["n"] + 1)
+                                                                          or calls["n"] > 2))
+    first = svc.get_run(run.id).summary["wall_seconds"]
+    assert partial.n == 2 and first > 0
+    final = svc.resume(run.id)
+    done = svc.get_run(run.id)
+    assert final.n == 6 and done.status == "done"
+    assert done.summary["wall_seconds"] == pytest.approx(done.summary["wall_seconds_total"], abs=1e-3)
+    assert done.summary["wall_seconds"] > first
+    before, asked = dict(done.summary), len(backend.history)
+    again = svc.resume(run.id)
+    after = svc.get_run(run.id)
+    assert len(backend.history) == asked  # nothing asked again
+    assert again.n == 6 and again.accuracy == final.accuracy
+    assert again.wall_seconds == pytest.approx(before["wall_seconds"], abs=1e-3)
+    assert after.summary == before and after.status == "done" and after.finished_at == done.finished_at
+
+
 def test_concurrent_run_gives_the_same_results(store) -> None:
     scripted()
     svc = Service(store)
