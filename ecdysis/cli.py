@@ -60,7 +60,11 @@ def suites(as_json: bool = typer.Option(False, "--json", help="print a JSON list
     if match:
         rows = [r for r in rows if match.casefold() in r["name"].casefold()]
     if source:
+        if source not in SOURCES:
+            raise EcdysisError(f"unknown --source {source!r}", hint=f"one of {', '.join(SOURCES)}")
         rows = [r for r in rows if str(r.get("source", "")).split(":")[0] == source]
+        if not rows and not match:
+            err.print(escape(f"no {source} suites on this machine{SOURCE_HINTS.get(source, '')}"))
     if not bfcl_suites():
         err.print(escape(f"the BFCL suites ({', '.join(SUITES)}) are not fetched on this machine: {FETCH_HINT}"))
     if as_json:
@@ -79,6 +83,14 @@ def suites(as_json: bool = typer.Option(False, "--json", help="print a JSON list
     if missing:
         err.print(f"{missing} fetched BIG-bench task(s) are not listed yet: `ecdysis suites --catalogue` "
                   "lists them (a few minutes); each runs as bigbench:TASK meanwhile")
+
+
+SOURCES = ("builtin", "bfcl", "bigbench", "bbh", "jsonl")
+SOURCE_HINTS = {"bigbench": ": the BIG-bench task files are not set up (`python scripts/fetch_bigbench.py`, or "
+                            "--sdist FILE / --source DIR with the files at hand; README, Quick start)",
+                "jsonl": ": `ecdysis import-suite FILE.jsonl` stores one",
+                "bbh": ": `python scripts/fetch_bbh.py` (set-up does) writes them",
+                "bfcl": ": `python scripts/fetch_bfcl.py` (set-up does) fetches them"}
 
 
 def _form_text(form: dict[str, Any]) -> str:
@@ -296,6 +308,9 @@ def evolve(
 ) -> None:
     """Evolve a harness: batch, diagnose, gate, apply, validate; K iterations; sealed test at the end."""
     from ecdysis.evolve import EvolveConfig, summary
+    if auto_approve and review:
+        raise EcdysisError("--auto-approve and --review contradict each other",
+                           hint="--review to decide each proposal at the prompt, --auto-approve to approve them all")
     svc = _service()
     reviewer = _terminal_reviewer(svc) if review else None
     sink = None if as_json else _evolve_printer()

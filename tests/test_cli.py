@@ -82,6 +82,9 @@ def test_suites_lists_bigbench_with_answer_forms_and_imports_a_jsonl_suite(tmp_p
     (["run", "--suite", "boolean", "--model", "anthropic:claude-x"], "ANTHROPIC_API_KEY"),
     (["run", "--suite", "not-a-suite", "--model", "smollm2"], "not-a-suite"),
     (["run", "--resume", "r000000", "--json"], "no run"),
+    (["evolve", "--suite", "boolean", "--model", "smollm2", "--auto-approve", "--review"],
+     "--auto-approve and --review contradict each other"),
+    (["suites", "--source", "nope"], "unknown --source 'nope'"),
 ])
 def test_errors_are_one_clear_line(args: list[str], needle: str) -> None:
     proc = ecdysis(*args)
