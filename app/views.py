@@ -13,6 +13,7 @@ from ecdysis import diagnosis
 from ecdysis.diagnosis import READING_NOTE, DiagnosisReport
 from ecdysis.evolution_log import GateVerdict
 from ecdysis.failures import AGENT_TYPES, Failure
+from ecdysis.leases import held_here
 from ecdysis.records import InstanceResult, RunRecord
 from ecdysis.roles.base import RoleMessage
 from ecdysis.store import DiagnosisRecord, EvolutionRecord, HarnessVersion, JobRecord, ProposalRecord
@@ -188,17 +189,28 @@ def resumable(runs: Iterable[RunRecord], jobs: Iterable[JobRecord],
               leased: Mapping[str, str] | None = None) -> list[RunRecord]:
     """Unfinished runs that no live job is working on and no process holds a lease on (the
     process died, or it was stopped)."""
-    busy = {j.params.get("run_id") for j in jobs if j.kind == "run" and j.status in ACTIVE_JOB}
+    busy = busy_runs(jobs)
     held = leased or {}
     return [r for r in runs if r.status in UNFINISHED_RUN and r.id not in busy and f"run:{r.id}" not in held]
+
+
+def busy_runs(jobs: Iterable[JobRecord]) -> set[str]:
+    """The runs this app's live jobs will execute: a batch's run, and every run of a demo (created
+    up front and run one after another, so the later ones wait, pending, for their turn)."""
+    busy: set[str] = set()
+    for j in jobs:
+        if j.status in ACTIVE_JOB and j.kind in ("run", "demo"):
+            busy.update(filter(None, [j.params.get("run_id"), *(j.params.get("run_ids") or [])]))
+    return busy
 
 
 def running_elsewhere(runs: Iterable[RunRecord], jobs: Iterable[JobRecord],
                       leased: Mapping[str, str]) -> list[tuple[RunRecord, str]]:
     """(run, holder) for runs executed by a process this app has no job for (a CLI run, another
     app): shown as such, never offered for resume."""
-    busy = {j.params.get("run_id") for j in jobs if j.kind == "run" and j.status in ACTIVE_JOB}
-    return [(r, leased[f"run:{r.id}"]) for r in runs if f"run:{r.id}" in leased and r.id not in busy]
+    busy = busy_runs(jobs)
+    return [(r, holder) for r in runs if (holder := leased.get(f"run:{r.id}")) is not None
+            and r.id not in busy and not held_here(holder)]  # an evolution job's runs are held by this process
 
 
 def result_row(r: InstanceResult) -> dict[str, Any]:

@@ -36,6 +36,13 @@ def owner_name(role: str = "") -> str:
     return f"pid {os.getpid()} on {socket.gethostname()}{' (' + role + ')' if role else ''} #{uuid.uuid4().hex[:6]}"
 
 
+def held_here(owner: str) -> bool:
+    """Whether a lease's owner (as `owner_name` wrote it) is this process: the app's own jobs hold
+    their runs under it, and a page must not call its own work "running elsewhere"."""
+    here = f"pid {os.getpid()} on {socket.gethostname()}"
+    return owner == here or owner.startswith(here + " ")
+
+
 class Held:
     """A lease held for a `with` block: taken on entry (raises `Conflict` naming the holder),
     renewed every third of its time, released on exit. `lost` turns True if a renewal found that

@@ -819,6 +819,28 @@ def test_a_run_executed_elsewhere_says_so_and_offers_no_resume(world: World, svc
         svc.start_resume_job(run.id)  # a stale page's button is refused the same way
 
 
+def test_the_apps_own_work_is_neither_running_elsewhere_nor_offered_for_resume(world: World, svc: Service) -> None:
+    """A user ran the demo and read that its run was "running elsewhere (held by pid ...)", the
+    app's own pid, and was offered to resume the demo's second run, pending its turn. A run this
+    process holds (an evolution job's) and a live demo's runs are the app's own work."""
+    import time
+    from ecdysis.leases import owner_name
+    from ecdysis.store import JobRecord
+    first = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3, label="demo"))
+    second = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=4, label="demo"))
+    svc.store.acquire_lease(f"run:{first.id}", owner_name("evolve"), 60.0)
+    svc.store.create_job(JobRecord(id="jdemo", kind="demo", params={"run_ids": [first.id, second.id]},
+                                   status="running", created_at=time.time(), updated_at=time.time()))
+    at = open_page("1_runs")
+    assert_clean(at)
+    assert "running elsewhere" not in texts(at)
+    assert not [b for b in at.button if b.key in (f"resume:{first.id}", f"resume:{second.id}")]
+    svc.store.release_lease(f"run:{first.id}", svc.running_elsewhere()[f"run:{first.id}"])
+    svc.store.update_job("jdemo", status="done")  # the demo ended without running the second: resumable
+    at = open_page("1_runs")
+    assert [b for b in at.button if b.key == f"resume:{second.id}"]
+
+
 def test_an_evolution_executed_elsewhere_says_so_and_offers_no_resume(svc: Service) -> None:
     evo = _evolution("ecdysis", [5.0], [10], 0.5)
     evo.status = "running"
