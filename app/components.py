@@ -425,7 +425,7 @@ def chat_transcript(messages: Sequence[RoleMessage]) -> None:
         st.caption("No role conversation for this cluster.")
         return
     for number, round_messages in views.by_round(messages):
-        st.markdown(f"<div style='color:#8a857c;font-size:0.85rem;margin:0.6rem 0 0.2rem'>— round {number} —</div>",
+        st.markdown(f"<div style='color:#8a857c;font-size:0.85rem;margin:0.6rem 0 0.2rem'>— {views.round_label(number)} —</div>",
                     unsafe_allow_html=True)
         for m in round_messages:
             _role_message(m)

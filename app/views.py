@@ -316,6 +316,14 @@ def output_backends(report: DiagnosisReport) -> str:
     return ", ".join(f"{n} from {name}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def round_label(number: int) -> str:
+    """A transcript round as a reader counts it: the engine numbers review pass k's rounds k01,
+    k02, ... (`refine.Refiner._review`), which the page showed as "round 201"."""
+    if number < 100:
+        return f"round {number}"
+    return f"review pass {number // 100}, round {number % 100}"
+
+
 def by_round(messages: Sequence[RoleMessage]) -> list[tuple[int, list[RoleMessage]]]:
     rounds: dict[int, list[RoleMessage]] = {}
     for m in messages:

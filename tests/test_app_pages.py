@@ -361,6 +361,10 @@ def test_diagnoses_page_reads_like_a_chat(world: World) -> None:
     assert {"Investigator", "Attributor", "Proposer", "Critic", "Engine checks"} <= names
     page = texts(at)
     assert "round 1" in page and "Final modification specification" in page
+    # Review passes read as such, not as the engine's numbering (a user saw "round 201").
+    assert "review pass 2, round 1" in page and "round 201" not in page
+    assert (views.round_label(3), views.round_label(201), views.round_label(302)) == (
+        "round 3", "review pass 2, round 1", "review pass 3, round 2")
     assert any("Risk" in w.value for w in at.warning)
 
 
