@@ -2,7 +2,7 @@
 setup:
 	bash scripts/setup.sh
 run:
-	bash scripts/run.sh
+	bash scripts/run.sh $(ARGS)
 test:
 	bash scripts/test.sh
 test-fast:
