@@ -155,6 +155,25 @@ def run_table(svc: Service, runs: Sequence[RunRecord], *, key: str) -> None:
     })
 
 
+def live_run_table(svc: Service, *, key: str) -> None:
+    """`run_table`, re-read every POLL_SECONDS while the page is open: a run started anywhere (the
+    CLI, another app) appears and an unfinished run's numbers move as its results are stored. Only
+    when a run stops running does the whole page rerun, so its buttons and pickers catch up: a rerun
+    for every new run would fold away the form a reader is filling in."""
+    _live_run_table(svc, key)
+
+
+@st.fragment(run_every=POLL_SECONDS)
+def _live_run_table(svc: Service, key: str) -> None:
+    runs = svc.runs()
+    run_table(svc, runs, key=key)
+    now = {r.id: r.status for r in runs}
+    before = st.session_state.get(f"_statuses:{key}")
+    st.session_state[f"_statuses:{key}"] = now
+    if before and any(before.get(run_id) == "running" and status != "running" for run_id, status in now.items()):
+        st.rerun(scope="app")
+
+
 def new_click(key: str, value: str | None) -> str | None:
     """`value` (what a table row click selects) only when it differs from the click already acted
     on: a table keeps its selection across reruns, and re-applying it would undo a choice the

@@ -42,7 +42,7 @@ with shown_errors():
                        "then press Start batch.")
     else:
         st.subheader("Finished and running batches")
-        ui.run_table(svc, runs, key="runs:table")
+        ui.live_run_table(svc, key="runs:table")
         jobs, leased = svc.recent_jobs(limit=100), svc.running_elsewhere()
         for run, holder in views.running_elsewhere(runs, jobs, leased):
             st.info(f"{run.id} is running elsewhere (held by {ui.md(holder)}); it can be resumed here once "

@@ -160,6 +160,36 @@ def test_run_detail_follows_a_running_batch(app: str, page: Page, world: World, 
         svc.store.close()  # type: ignore[attr-defined]
 
 
+def test_the_runs_table_follows_a_run_started_elsewhere_without_a_reload(app: str, page: Page, world: World,
+                                                                         tmp_path: Path) -> None:
+    """A user kept the Runs page open, started a batch from the CLI and never saw it appear; the
+    demo's own row read "0/12" while its progress bar said 8 of 12. The table re-reads the store:
+    a run started in another process appears, its scored count moves, and it ends at 6/6."""
+    goto(page, app)
+    svc = open_service()
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=6,
+                                    harness=str(_slow_harness(tmp_path / "slow", 1.5))))
+    worker = threading.Thread(target=svc.execute_run, args=(run.id,), kwargs={"use_cache": False}, daemon=True)
+    try:
+        worker.start()
+        row = page.locator('[data-testid="stDataFrame"]').first.locator("tbody tr", has_text=run.id)
+        expect(row).to_have_count(1, timeout=20_000)  # the grid's readable table is not painted
+        seen: set[int] = set()
+        deadline = time.time() + 90
+        while svc.get_run(run.id).status != "done" and time.time() < deadline:
+            found = re.search(r"\b(\d)/6\b", " ".join(row.locator("td").all_text_contents()))
+            if found:
+                seen.add(int(found.group(1)))
+            time.sleep(0.5)
+        worker.join(60)
+        expect(row).to_contain_text("6/6", timeout=20_000)
+        assert len(seen - {6}) >= 2, f"the row did not move while the run went on: {sorted(seen)}"
+        no_traceback(page)
+    finally:
+        worker.join(60)
+        svc.store.close()  # type: ignore[attr-defined]
+
+
 def test_a_click_on_the_failure_map_opens_that_trajectory(app: str, page: Page, world: World) -> None:
     svc = open_service()
     try:
