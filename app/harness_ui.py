@@ -16,7 +16,7 @@ LEGEND = ("starter: grey · kept: green · candidate: blue · rolled back: orang
           "rejected: red, dashed · imported: violet · a red dotted note is a proposal a reviewer rejected")
 
 
-def lineage(svc: Service, versions: list[HarnessVersion], scores: dict[str, float]) -> None:
+def lineage(svc: Service, versions: list[HarnessVersion], scores: dict[str, views.ValScore]) -> None:
     rejected = [p for p in svc.proposals(status="rejected") if p.data.get("status") != "rejected"]
     st.graphviz_chart(views.lineage_dot(versions, scores, rejected))
     st.caption(LEGEND)

@@ -682,29 +682,53 @@ def compare(ecdysis: EvolutionRecord, baseline: EvolutionRecord) -> Comparison:
 
 # ---------------------------------------------------------------- harness lineage
 
-def validation_scores(harnesses: Iterable[HarnessVersion], runs: Iterable[RunRecord]) -> dict[str, float]:
-    """Each version's validation accuracy: the evolution's gate measurement when there is one,
-    otherwise the newest finished validation run of that version."""
-    scores: dict[str, float] = {}
+@dataclass(frozen=True)
+class ValScore:
+    """A version's validation accuracy and what it was measured on, since scores on different
+    suites or models do not compare (a user saw one version at 17 % next to another at 73 %)."""
+
+    accuracy: float
+    on: str  # "reasoning-mix · 2 models", or "its evolution's gate"
+
+
+def validation_scores(harnesses: Iterable[HarnessVersion], runs: Iterable[RunRecord]) -> dict[str, ValScore]:
+    """Each version's validation accuracy on the suite it was last validated on: every model's
+    newest finished validation run of that suite pooled, instance by instance (a version
+    validated on Qwen and SmolLM2 is neither one's score alone). A version with no such run has
+    its evolution gate's measurement, when there is one."""
+    newest: dict[tuple[str, str, str], RunRecord] = {}  # (version, suite, model) -> its newest run
     for run in sorted(runs, key=lambda r: r.created_at):
-        acc = (run.summary or {}).get("accuracy")
-        if run.split == "validation" and run.status == "done" and isinstance(acc, (int, float)):
-            scores[run.harness_version] = float(acc)
+        s = run.summary or {}
+        if (run.split == "validation" and run.status == "done" and isinstance(s.get("accuracy"), (int, float))
+                and s.get("n")):
+            newest[(run.harness_version, run.suite, run.model)] = run
+    last_suite: dict[str, tuple[float, str]] = {}
+    for (version, suite, _), run in newest.items():
+        if run.created_at >= last_suite.get(version, (float("-inf"), ""))[0]:
+            last_suite[version] = (run.created_at, suite)
+    scores: dict[str, ValScore] = {}
+    for version, (_, suite) in last_suite.items():
+        pooled = [r for (v, s, _), r in newest.items() if v == version and s == suite]
+        n = sum(int(r.summary["n"]) for r in pooled)
+        right = sum(round(float(r.summary["accuracy"]) * int(r.summary["n"])) for r in pooled)  # whole instances
+        scores[version] = ValScore(round(right / n, 4), f"{suite} · {len(pooled)} model{'' if len(pooled) == 1 else 's'}")
     for h in harnesses:
-        val = h.measured.val_accuracy
-        if val is not None:
-            scores[h.id] = val
+        if h.id not in scores and h.measured.val_accuracy is not None:
+            scores[h.id] = ValScore(h.measured.val_accuracy, "its evolution's gate")
     return scores
 
 
-def harness_row(h: HarnessVersion, scores: Mapping[str, float]) -> dict[str, Any]:
-    return {"version": h.id, "status": h.status, "parent": h.parent or "", "validation": scores.get(h.id),
+def harness_row(h: HarnessVersion, scores: Mapping[str, ValScore]) -> dict[str, Any]:
+    score = scores.get(h.id)
+    return {"version": h.id, "status": h.status, "parent": h.parent or "",
+            "validation": score.accuracy if score else None, "validated on": score.on if score else "",
             "note": h.note, "created": when(h.created_at), "files": len(h.files)}
 
 
-def harness_label(h: HarnessVersion, scores: Mapping[str, float] | None = None) -> str:
+def harness_label(h: HarnessVersion, scores: Mapping[str, ValScore] | None = None) -> str:
     score = (scores or {}).get(h.id)
-    return f"{h.id} · {h.status}{f' · val {score:.0%}' if score is not None else ''} · {h.note[:40]}"
+    said = f" · val {score.accuracy:.0%} ({score.on})" if score is not None else ""
+    return f"{h.id} · {h.status}{said} · {h.note[:40]}"
 
 
 STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (fill colour, edge style)
@@ -717,7 +741,7 @@ def _dot_text(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', "'")
 
 
-def lineage_dot(harnesses: Sequence[HarnessVersion], scores: Mapping[str, float],
+def lineage_dot(harnesses: Sequence[HarnessVersion], scores: Mapping[str, ValScore],
                 rejected: Sequence[ProposalRecord] = ()) -> str:
     """Graphviz DOT of the version tree: parent -> child, filled by status (kept, rolled back,
     rejected told apart by colour and a dashed edge), each node with its validation score; rejected
@@ -729,7 +753,8 @@ def lineage_dot(harnesses: Sequence[HarnessVersion], scores: Mapping[str, float]
     for h in sorted(harnesses, key=lambda h: h.created_at):
         fill, _ = STATUS_STYLE.get(h.status, ("#ffffff", "solid"))
         score = scores.get(h.id)
-        label = f"{h.id[:8]}\\n{h.status.replace('_', ' ')}" + (f"\\nval {score:.0%}" if score is not None else "")
+        label = f"{h.id[:8]}\\n{h.status.replace('_', ' ')}" + (
+            f"\\nval {score.accuracy:.0%}\\n{_dot_text(score.on)}" if score is not None else "")
         tip = _dot_text(h.note or h.status)
         lines.append(f'"{h.id}" [label="{label}", fillcolor="{fill}", tooltip="{tip}"];')
     for h in harnesses:

@@ -788,9 +788,37 @@ def test_lineage_dot_tells_branches_apart() -> None:
     back = HarnessVersion(id="back", files={}, parent="root", status="rolled_back", created_at=3)
     rejected = ProposalRecord(id="p9", diagnosis_id="d", cluster_id="c1", harness_version="kept", spec={},
                               files={}, status="rejected")
-    dot = views.lineage_dot([root, kept, back], {"kept": 0.5}, [rejected])
+    dot = views.lineage_dot([root, kept, back], {"kept": views.ValScore(0.5, 'boolean "b" · 2 models')}, [rejected])
     assert '"root" -> "kept" [style=solid]' in dot and '"root" -> "back" [style=dashed]' in dot
-    assert '"kept" -> "p9" [style=dotted' in dot and "val 50%" in dot
+    assert '"kept" -> "p9" [style=dotted' in dot and "val 50%\\nboolean 'b' · 2 models" in dot
+
+
+def test_a_versions_validation_score_is_one_suites_with_its_models_pooled() -> None:
+    """A user validated the starter on two models (16.7 % and 0 %) and read "val 0 %", then "val
+    33 %" once an evolution on another suite had measured it. The score is the suite last validated
+    on, every model's newest run of it pooled, and says so."""
+    from ecdysis.records import RunRecord
+
+    def run(version: str, suite: str, model: str, at: float, right: int, n: int, split: str = "validation",
+            status: str = "done") -> RunRecord:
+        return RunRecord(id=f"r{at}", suite=suite, model=model, harness_version=version, split=split,
+                         instance_ids=[], concurrency=1, status=status, created_at=at,
+                         summary={"n": n, "accuracy": round(right / n, 4)})
+    starter = HarnessVersion(id="s", files={}, status="starter", created_at=1)
+    evolved = HarnessVersion(id="e", files={}, parent="s", status="kept", created_at=2, metrics={"val_accuracy": 0.9})
+    gated = HarnessVersion(id="g", files={}, parent="s", status="kept", created_at=3, metrics={"val_accuracy": 0.4})
+    runs = [run("s", "reasoning-mix", "qwen", 10, 1, 6), run("s", "reasoning-mix", "smollm2", 11, 0, 6),
+            run("s", "reasoning-mix", "qwen", 12, 2, 6),  # qwen's newer run of the suite replaces its first
+            run("s", "reasoning-mix", "smollm2", 13, 6, 6, split="train"),  # not validation
+            run("s", "reasoning-mix", "smollm2", 14, 6, 6, status="running"),  # not finished
+            run("e", "reasoning-mix", "qwen", 15, 3, 12), run("e", "boolean", "qwen", 16, 5, 10),
+            run("e", "boolean", "smollm2", 17, 2, 10)]
+    scores = views.validation_scores([starter, evolved, gated], runs)
+    assert scores["s"] == views.ValScore(round(2 / 12, 4), "reasoning-mix · 2 models")
+    assert scores["e"] == views.ValScore(0.35, "boolean · 2 models")  # the runs, not the gate's 0.9
+    assert scores["g"] == views.ValScore(0.4, "its evolution's gate")
+    assert views.harness_row(starter, scores)["validated on"] == "reasoning-mix · 2 models"
+    assert "val 17% (reasoning-mix · 2 models)" in views.harness_label(starter, scores)
 
 
 def test_side_by_side_rows_pair_changes_and_fold_context() -> None:
