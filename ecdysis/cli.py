@@ -159,8 +159,8 @@ def runs(as_json: bool = typer.Option(False, "--json")) -> None:
         _emit_json(rows)
         return
     table = Table(*(rows[0].keys() if rows else ["run_id"]))
-    for r in rows:
-        table.add_row(*(escape(str(v)) for v in r.values()))
+    for r in rows:  # an unfinished run has no accuracy or time yet: "—", not "None"
+        table.add_row(*(escape("—" if v is None else str(v)) for v in r.values()))
     out.print(table if rows else "no runs yet: try `ecdysis run --suite reasoning-mix --limit 10`")
 
 
@@ -226,6 +226,8 @@ def decide(proposal: str = typer.Argument(...),
            edited_dir: Optional[str] = typer.Option(None, help="with edit: folder holding the edited files"),
            who: str = typer.Option("cli", help="who decides (stored with the decision)")) -> None:
     """Record a decision on a proposal (the same gate the app and `evolve --review` use)."""
+    if decision not in ("approve", "edit", "reject"):  # the user's typo first, before any lookup
+        raise EcdysisError(f"unknown --decision {decision!r}", hint="approve, edit or reject")
     svc = _service()
     files = None
     if decision == "edit":

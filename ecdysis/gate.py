@@ -169,7 +169,8 @@ def decide(store: Store, proposal_id: str, decision: DecisionKind, *, who: str, 
     applied: dict[str, str] | None = None
     if decision == "reject":
         if not reason.strip():
-            raise InputError("a rejection needs a reason")
+            raise InputError("a rejection needs a reason", hint="say why: `ecdysis decide ID --decision reject "
+                             "--reason TEXT`, or the reason box on the Review page")
     elif decision == "edit":
         if not files:
             raise InputError("an edit needs the edited files")

@@ -85,6 +85,7 @@ def test_suites_lists_bigbench_with_answer_forms_and_imports_a_jsonl_suite(tmp_p
     (["evolve", "--suite", "boolean", "--model", "smollm2", "--auto-approve", "--review"],
      "--auto-approve and --review contradict each other"),
     (["suites", "--source", "nope"], "unknown --source 'nope'"),
+    (["decide", "p-none", "--decision", "maybe"], "unknown --decision 'maybe'"),
 ])
 def test_errors_are_one_clear_line(args: list[str], needle: str) -> None:
     proc = ecdysis(*args)

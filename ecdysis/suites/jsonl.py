@@ -107,7 +107,8 @@ def import_jsonl(path: str | Path, *, store: Store, name: str | None = None,
     check_suite_name(suite.name, path=str(path))
     if not replace and store.get_suite(suite.name) is not None:
         raise InputError(f"a suite named {suite.name!r} is already stored", path=str(path),
-                         hint="choose another name, or replace it on purpose (replace=True)")
+                         hint="choose another name, or replace it on purpose: `ecdysis import-suite FILE --replace`, "
+                              "or the box 'Replace a stored suite of this name' in the app")
     store.save_suite(suite)
     return suite
 
