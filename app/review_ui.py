@@ -70,6 +70,18 @@ def header(svc: Service, p: ProposalRecord, title: str) -> None:
         st.caption(f"{d.decision} by {ui.md(d.who)} at {views.when(d.at)}{why}")
 
 
+def same_change(svc: Service, p: ProposalRecord, twin: ProposalRecord | None) -> None:
+    """Says when an earlier proposal made exactly this change, and what became of it."""
+    if twin is None:
+        return
+    made = views.applied_version(twin.id, svc.harnesses()) if twin.status in ("applied", "superseded") else None
+    fate = {"applied": "already applied", "superseded": "already applied within a composition",
+            "rejected": "already rejected", "pending": "still pending"}.get(twin.status, f"already {twin.status}")
+    version = f" as version {views.short(made.id, 12)}" if made else ""
+    st.warning(f"The same change to the same version as proposal {twin.id}, {fate}{version}. Deciding this one "
+               f"decides it again.", icon=":material/content_copy:")
+
+
 def details(p: ProposalRecord) -> None:
     """Spec and risk on the left, the Critic's hard checks and objections on the right."""
     left, right = st.columns([3, 2], gap="large")

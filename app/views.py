@@ -391,11 +391,29 @@ def _project(texts: list[str]) -> Any:
 
 # ---------------------------------------------------------------- proposals
 
-def proposal_label(p: ProposalRecord, titles: Mapping[str, str] | None = None) -> str:
+def proposal_label(p: ProposalRecord, titles: Mapping[str, str] | None = None,
+                   twins: Mapping[str, ProposalRecord] | None = None) -> str:
     title = (titles or {}).get(f"{p.diagnosis_id}/{p.cluster_id}", p.cluster_id)
     note = str(p.data.get("alternative") or "")
     kind = "another reading repair" if note.startswith(READING_NOTE) else "the engine's alternative"
-    return f"{p.id} · {p.status} · {title}" + (f" · {kind}" if note else "")
+    twin = (twins or {}).get(p.id)
+    return (f"{p.id} · {p.status} · {title}" + (f" · {kind}" if note else "")
+            + (f" · same change as {twin.id} ({twin.status})" if twin else ""))
+
+
+def same_changes(proposals: Iterable[ProposalRecord]) -> dict[str, ProposalRecord]:
+    """proposal id -> the first proposal of exactly the same change (the same files patched the same
+    way on the same version), for every later one. Diagnosing the starter's batch again proposes
+    again what was already applied or rejected; a reviewer should see that before deciding twice."""
+    first: dict[tuple[str, tuple[tuple[str, str], ...]], ProposalRecord] = {}
+    twins: dict[str, ProposalRecord] = {}
+    for p in sorted(proposals, key=lambda p: (p.created_at, p.id)):
+        key = (p.harness_version, tuple(sorted(p.files.items())))
+        if key in first:
+            twins[p.id] = first[key]
+        else:
+            first[key] = p
+    return twins
 
 
 def cluster_titles(diagnoses: Iterable[DiagnosisRecord], width: int = 50) -> dict[str, str]:

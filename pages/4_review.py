@@ -26,13 +26,15 @@ with shown_errors():
     else:
         diagnoses = svc.diagnoses()
         titles, full = views.cluster_titles(diagnoses), views.cluster_titles(diagnoses, width=200)
+        twins = views.same_changes(svc.proposals())
         chosen = ui.pick("Proposal", [p.id for p in proposals],
-                         {p.id: views.proposal_label(p, titles) for p in proposals},
+                         {p.id: views.proposal_label(p, titles, twins) for p in proposals},
                          key="review:proposal", memory="proposal")
         proposal = svc.get_proposal(chosen) if chosen else None
         rv.next_pending(svc, chosen)
         if proposal is not None:
             rv.header(svc, proposal, full.get(f"{proposal.diagnosis_id}/{proposal.cluster_id}", proposal.cluster_id))
+            rv.same_change(svc, proposal, twins.get(proposal.id))
             rv.details(proposal)
             st.subheader("The patch")
             rv.patch(svc, proposal)

@@ -370,6 +370,32 @@ def test_diagnoses_page_reads_like_a_chat(world: World) -> None:
 
 # ---------------------------------------------------------------- review
 
+def test_a_proposal_of_a_change_already_applied_says_so(world: World, svc: Service) -> None:
+    """A user applied a proposal, ran the demo again on the starter and found the same patch pending
+    twice more, labelled alike. A later proposal of exactly the same change says which one made it
+    first and what became of it, in the list and above the patch."""
+    from dataclasses import replace
+    first = svc.proposals(status="pending")[0]
+    svc.decide(first.id, "approve", who="alice")
+    made = svc.apply_proposal(first.id)
+    again = replace(first, id="p-again", status="pending", created_at=first.created_at + 60, data={})
+    other = replace(first, id="p-other", status="pending", created_at=first.created_at + 61, data={},
+                    files={name: text + "\n# another change\n" for name, text in first.files.items()})
+    svc.store.save_proposal(again)
+    svc.store.save_proposal(other)
+    twins = views.same_changes(svc.proposals())
+    assert twins["p-again"].id == first.id and "p-other" not in twins and first.id not in twins
+    at = open_page("4_review")
+    box = by_label(at.selectbox, "Proposal")
+    assert any(o.startswith("p-again") and o.endswith(f"same change as {first.id} (applied)") for o in box.options)
+    assert not [o for o in box.options if o.startswith("p-other") and "same change" in o]
+    box.set_value("p-again").run()
+    assert_clean(at)
+    said = " ".join(w.value for w in at.warning)
+    assert (f"The same change to the same version as proposal {first.id}, already applied as version "
+            f"{views.short(made.id, 12)}") in said
+
+
 def test_review_approve_apply_then_evaluate(world: World, svc: Service) -> None:
     at = open_page("4_review")
     pid = by_label(at.selectbox, "Proposal").value
