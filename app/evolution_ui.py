@@ -63,9 +63,7 @@ def _body(svc: Service, evo: EvolutionRecord) -> None:
         changes = views.change_rows(evo)
         if changes:
             st.markdown("**Each change: predicted, screened alone, validated**")
-            st.caption("Screened: the change alone on its own cluster's instances plus as many passing ones, paired "
-                       "against the parent. Only changes that gain there (and pay for any calls they add) are "
-                       "validated, one at a time.")
+            st.caption(views.screening_rule(evo))
             st.dataframe(changes, hide_index=True, width="stretch", key=f"changes:{evo.id}",
                          column_config={"predicted": st.column_config.TextColumn("predicted", width="large"),
                                         "why": st.column_config.TextColumn("why", width="large")})

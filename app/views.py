@@ -444,6 +444,21 @@ def applied_version(proposal_id: str, harnesses: Iterable[HarnessVersion]) -> Ha
 
 # ---------------------------------------------------------------- evolutions
 
+def screening_rule(e: EvolutionRecord) -> str:
+    """What sends a screened change on to validation, with this evolution's own thresholds (a user
+    read "only changes that gain there are validated" above a change screened at net +0)."""
+    from ecdysis.evolve import EvolveConfig
+    default = EvolveConfig(suite="", models=[])
+    wins = int(e.config.get("screen_min_wins", default.screen_min_wins))
+    net = int(e.config.get("screen_min_net", default.screen_min_net))
+    k = float(e.config.get("screen_k", default.screen_k))
+    return (f"Screened: the change alone on its own cluster's instances plus as many passing ones, paired against "
+            f"the parent. It goes on to validation, one change at a time, when it repairs at least {wins} of the "
+            f"batch's outcomes (a repair of reading: when it reads answers the harness could not and breaks "
+            f"nothing), its net gain is not below {net:+d} by more than {k:g} standard errors of the batch's "
+            f"noise, and it pays for any calls it adds. A batch is small: validation decides.")
+
+
 def evolution_label(e: EvolutionRecord) -> str:
     planned = e.config.get("iterations", "?")
     return (f"{e.id} · {e.strategy} · {e.suite} · {', '.join(e.models)} · {e.status} · "

@@ -681,6 +681,12 @@ def test_human_gate_waits_for_the_review_page(ecdysis_home: Path, svc: Service) 
     assert {h["outcome"] for h in row["history"]} <= {"kept", "rolled_back", "screened_out"}, row["history"]
     at = open_page("5_evolution")
     assert "Each change: predicted, screened alone, validated" in texts(at)
+    # The caption states the rule this evolution screened by, with its own thresholds (it said "only
+    # changes that gain there" above a change sent on at net +0, which the default rule allows).
+    cfg = done.config
+    assert (f"when it repairs at least {cfg['screen_min_wins']} of the batch's outcomes" in texts(at)
+            and f"not below {cfg['screen_min_net']:+d} by more than {cfg['screen_k']:g} standard errors" in texts(at))
+    assert "Only changes that gain there" not in texts(at)
     shown_rows = [df.value for df in at.dataframe if "screened" in df.value.columns]
     assert shown_rows and len(shown_rows[0]) == len(row["history"])
 
