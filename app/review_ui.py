@@ -194,9 +194,20 @@ def evaluate_offer(svc: Service, p: ProposalRecord, version_id: str, parent_id: 
     runs = [svc.get_run(r) for r in diagnosis.run_ids]
     suite = runs[0].suite if runs else ""
     models = sorted({r.model for r in runs})
+    earlier = views.evaluations_of(p.id, svc.runs())
+    if earlier:
+        # Read from the store, so a reload (or another browser) still finds what was evaluated.
+        st.info(f"Evaluated {views.when(earlier['applied'].created_at)}: the parent ({earlier['parent'].status}) and "
+                f"the new version ({earlier['applied'].status}) on {len(earlier['applied'].instance_ids)} validation "
+                f"instances.", icon=":material/science:")
+        if st.button("Compare them instance by instance on Runs", key=f"compare:{p.id}", icon=":material/play_circle:"):
+            remember("compare_a", earlier["parent"].id)
+            remember("compare_b", earlier["applied"].id)
+            st.switch_page(ui.PAGES["runs"])
     left, right = st.columns([1, 3], vertical_alignment="bottom")
     size = left.number_input("Validation instances", 1, 5000, 12, key=f"evalsize:{p.id}")
-    if right.button(f"Evaluate on {ui.md(suite)} validation with {ui.md(', '.join(models))} (new and parent version)",
+    again = "Evaluate again" if earlier else "Evaluate"
+    if right.button(f"{again} on {ui.md(suite)} validation with {ui.md(', '.join(models))} (new and parent version)",
                     key=f"evaluate:{p.id}", icon=":material/science:"):
         with shown_errors():
             started: dict[str, str] = {}

@@ -401,6 +401,18 @@ def proposal_label(p: ProposalRecord, titles: Mapping[str, str] | None = None,
             + (f" · same change as {twin.id} ({twin.status})" if twin else ""))
 
 
+def evaluations_of(proposal_id: str, runs: Iterable[RunRecord]) -> dict[str, RunRecord]:
+    """The newest evaluation the Review page started for an applied proposal, as {"parent": run,
+    "applied": run} (one model's pair: the first model in name order), or {} when none was."""
+    pairs: dict[str, dict[str, RunRecord]] = {}
+    for run in sorted(runs, key=lambda r: r.created_at):
+        for tag in ("parent", "applied"):
+            if run.label == f"evaluate {tag} of {proposal_id}":
+                pairs.setdefault(run.model, {})[tag] = run
+    complete = {model: pair for model, pair in pairs.items() if len(pair) == 2}
+    return complete[min(complete)] if complete else {}
+
+
 def same_changes(proposals: Iterable[ProposalRecord]) -> dict[str, ProposalRecord]:
     """proposal id -> the first proposal of exactly the same change (the same files patched the same
     way on the same version), for every later one. Diagnosing the starter's batch again proposes

@@ -434,6 +434,18 @@ def test_review_approve_apply_then_evaluate(world: World, svc: Service) -> None:
     assert metrics == expected and sum(expected.values()) == len(both) > 0
     assert f"{expected['fixed']} fixed, {expected['broken']} broken" in texts(at)
     assert any("<ins>" in h or "class=\"add\"" in h for h in html_of(at)), "the harness diff from A to B"
+    # A reload (a new session) still finds the evaluation in the store: it says so, opens the same
+    # two runs on Runs, and offers to evaluate again rather than as if nothing had been evaluated.
+    again = open_page("4_review")
+    by_label(again.segmented_control, "Show").set_value("applied").run()
+    by_label(again.selectbox, "Proposal").set_value(pid).run()
+    assert_clean(again)
+    assert f"on {len(svc.get_run(b).instance_ids)} validation instances" in texts(again)
+    evaluate = again.button(key=f"evaluate:{pid}")
+    assert evaluate.label.startswith("Evaluate again on "), evaluate.label
+    again.button(key=f"compare:{pid}").click().run()
+    assert_clean(again)
+    assert (by_label(again.selectbox, "A (before)").value, by_label(again.selectbox, "B (after)").value) == (a, b)
 
 
 def second_proposal(svc: Service, world: World, pid: str = "p-second", files: dict[str, str] | None = None) -> str:
