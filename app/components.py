@@ -89,9 +89,12 @@ def _live_jobs(svc: Service, kinds: tuple[str, ...], key: str,
         st.warning(md(error_text(exc)))
         return
     watched: set[str] = st.session_state.setdefault(f"_watch:{key}", set())
-    for job in views.active_jobs(jobs, kinds):
+    active = views.active_jobs(jobs, kinds)
+    for job in active:
         watched.add(job.id)
         _job_line(svc, job, key)
+    if active:
+        _slots_held_elsewhere()
     ended = [j for j in jobs if j.id in watched and j.status not in views.ACTIVE_JOB]
     if ended:
         for job in ended:
@@ -100,6 +103,26 @@ def _live_jobs(svc: Service, kinds: tuple[str, ...], key: str,
             if on_done is not None and job.status == "done":
                 on_done(job)
         st.rerun(scope="app")
+
+
+def _slots_held_elsewhere() -> None:
+    """Why a job may sit still: every generation on this machine takes turns at the cores, and
+    another process (a CLI run, tests, a second app) may hold every turn for a while."""
+    import os
+    import time
+    from ecdysis.models import admission
+    try:
+        held, slots = admission.holders(), len(list(admission.admission_dir().glob("slot-*.lock")))
+    except OSError:
+        return
+    others = [h for h in held if h.pid != os.getpid()]
+    if not others or len(held) < slots:
+        return  # a turn is free: nothing waits on another process
+    for h in others:
+        command = h.command if len(h.command) <= 80 else h.command[:79] + "…"
+        st.caption(f"Waiting for a turn at the cores: another process is generating (pid {h.pid}"
+                   f"{', ' + md(command) if command else ''}, for {max(0.0, time.time() - h.since):.0f} s). "
+                   "Embedded models take turns machine-wide; this job goes on when it yields.")
 
 
 def _ended_notes(svc: Service, key: str) -> None:

@@ -123,3 +123,22 @@ def test_admission_can_be_turned_off_to_measure_what_it_saves(monkeypatch: pytes
         with admission.slot(cores):  # would wait forever on the one slot if admission were on
             pass
     assert not slots_dir.exists()
+
+
+def test_holders_name_the_process_that_holds_a_slot_and_only_while_it_holds(tmp_path: Path) -> None:
+    """A user watched the demo sit at "1 of 12" for half a minute while a test run held the slot;
+    `holders` says who holds one (pid, since when, its command), which the app shows. A slot freed
+    (here by a kill) is free whatever its file still says."""
+    cores = os.cpu_count() or 1
+    proc = holder(tmp_path, tmp_path / "held.log", 30.0, cores)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
+        held = admission.holders()
+        assert [h.pid for h in held] == [proc.pid]
+        assert "admission.slot" in held[0].command and time.time() - 60 < held[0].since <= time.time()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert admission.holders() == []
+    with admission.slot(cores):  # this process's own turn is listed under its own pid
+        assert [h.pid for h in admission.holders()] == [os.getpid()]

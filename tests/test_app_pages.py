@@ -917,6 +917,36 @@ def test_the_apps_own_work_is_neither_running_elsewhere_nor_offered_for_resume(w
     assert [b for b in at.button if b.key == f"resume:{second.id}"]
 
 
+def test_a_job_waiting_for_the_cores_says_which_process_has_them(world: World, svc: Service, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's demo sat at "1 of 12" for half a minute at a time while a test run elsewhere held
+    the machine's one generation turn. While a job of the page is live and another process holds
+    every turn, the page names that process."""
+    import os
+    import subprocess
+    import sys
+    from ecdysis.store import JobRecord
+    monkeypatch.setenv("ECDYSIS_ADMISSION_DIR", str(tmp_path / "slots"))
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=3))
+    svc.store.create_job(JobRecord(id="jwait", kind="run", params={"run_id": run.id}, status="running", total=3,
+                                   created_at=time.time(), updated_at=time.time()))
+    at = open_page("1_runs")
+    assert "Waiting for a turn at the cores" not in texts(at)  # nobody holds one
+    code = ("import time\nfrom ecdysis.models import admission\n"
+            f"with admission.slot({os.cpu_count() or 1}):\n    print('holding', flush=True)\n    time.sleep(60)")
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "holding"
+        at = open_page("1_runs")
+        assert_clean(at)
+        assert f"Waiting for a turn at the cores: another process is generating (pid {other.pid}" in texts(at)
+    finally:
+        other.kill()
+        other.wait(timeout=30)
+        svc.store.update_job("jwait", status="cancelled")
+
+
 def test_an_evolution_executed_elsewhere_says_so_and_offers_no_resume(svc: Service) -> None:
     evo = _evolution("ecdysis", [5.0], [10], 0.5)
     evo.status = "running"

@@ -91,8 +91,62 @@ def slot(threads: int) -> Iterator[None]:
         if waited:
             _stats.waited += 1
             _stats.wait_s += time.monotonic() - start
+    _sign(fd)
     try:
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def _sign(fd: int) -> None:
+    """Write who holds the slot into its file, for `holders` (a waiting reader's "held by")."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {time.time():.3f}\n".encode(), 0)
+    except OSError:
+        pass  # the name is a courtesy; the lock is what admits
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A slot held right now: by which process, since when, doing what (its command line)."""
+
+    slot: int
+    pid: int
+    since: float
+    command: str
+
+
+def holders() -> list[Holder]:
+    """The slots held right now, by any process of this user (a slot whose lock can be taken is
+    free, whatever its file says: the kernel dropped a dead holder's lock)."""
+    folder = admission_dir()
+    found = []
+    for path in sorted(folder.glob("slot-*.lock")) if folder.is_dir() else []:
+        try:
+            fd = _open(path)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                continue  # free
+            except BlockingIOError:
+                pass
+            words = os.pread(fd, 64, 0).decode(errors="replace").split()
+        finally:
+            os.close(fd)
+        if len(words) == 2 and words[0].isdigit():
+            pid = int(words[0])
+            found.append(Holder(int(path.stem.split("-")[1]), pid, float(words[1]), _command(pid)))
+    return found
+
+
+def _command(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)[:200]
