@@ -177,7 +177,7 @@ def _outcome(report: DiagnosisReport, cluster: Cluster, proposal: Proposal | Non
         endorsed = proposal.status == "endorsed"  # Proposal.from_json reads the older name "accepted" as this
         st.markdown(f"**Final modification specification** — proposal `{proposal.id}`, "
                     f"{'endorsed by the Critic' if endorsed else 'rejected by the Critic'} after "
-                    f"{proposal.rounds} round(s)")
+                    f"{views.plural(proposal.rounds, 'round')}")
         _proposal_body(proposal)
     alternative = report.alternative_for(cluster.id)
     if alternative is not None:

@@ -39,7 +39,7 @@ def compare_runs(svc: Service, runs: Sequence[RunRecord]) -> None:
         col.metric(outcome, paired.count(outcome))
     st.markdown(ui.md(paired.sentence()))
     if paired.only_a or paired.only_b:
-        st.caption(f"Not paired: {paired.only_a} instance(s) scored only in A, {paired.only_b} only in B.")
+        st.caption(f"Not paired: {views.plural(paired.only_a, 'instance')} scored only in A, {paired.only_b} only in B.")
     if paired.rows:
         shown = st.pills("Show", list(views.PAIR_ORDER), default=["fixed", "broken"], selection_mode="multi",
                          key=f"cmp:show:{a}:{b}") or list(views.PAIR_ORDER)

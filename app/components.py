@@ -157,7 +157,7 @@ def recent_failures(svc: Service, kinds: Sequence[str], within_s: float = 3600.0
     failed = [j for j in svc.recent_jobs(limit=40) if j.kind in kinds and j.status == "failed"
               and time.time() - j.updated_at < within_s]
     if failed:
-        with st.expander(f"{len(failed)} background job(s) failed in the last hour", icon=":material/error:"):
+        with st.expander(f"{views.plural(len(failed), 'background job')} failed in the last hour", icon=":material/error:"):
             for j in failed:
                 st.markdown(f"- `{j.id}` ({j.kind}, {views.when(j.updated_at)}): {md(j.error or 'no message')}")
 
@@ -294,7 +294,7 @@ def trajectory(result: InstanceResult, instance: Instance | None = None) -> None
     a.markdown(f"answer  \n{code(_clip(result.answer, 240)) if result.answer is not None else '—'}")
     t.markdown(f"target  \n{code(result.target)}")
     generating = sum(c.latency_s for c in result.calls if not c.cache_hit)
-    c.markdown(f"cost  \n{len(result.calls)} call(s), {result.prompt_tokens}+{result.completion_tokens} tokens, "
+    c.markdown(f"cost  \n{views.plural(len(result.calls), 'call')}, {result.prompt_tokens}+{result.completion_tokens} tokens, "
                f"{result.wall_seconds:.2f} s in all, {generating:.2f} s of it generating",
                help="the rest is waiting for the model (other jobs share it), the sandbox and the harness's own code")
     if result.error_type:

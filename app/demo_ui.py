@@ -7,6 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import components as ui
+from app import views
 from app.guard import shown_errors
 from app.state import remember, remembered
 from ecdysis.service import Service
@@ -48,7 +49,8 @@ def demo(svc: Service) -> None:
     if last is not None and last.result:
         timings = last.result.get("timings", {})
         st.success("Last demo: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items())
-                   + f"; {last.result.get('proposals', 0)} proposal(s) wait for review.",
+                   + f"; {views.plural(int(last.result.get('proposals', 0)), 'proposal')} "
+                   + f"{'waits' if last.result.get('proposals', 0) == 1 else 'wait'} for review.",
                    icon=":material/check_circle:")
         left, right = st.columns(2)
         with left:

@@ -34,7 +34,7 @@ def _status(svc: Service, evo: EvolutionRecord) -> None:
     if evo.status == "waiting" or cursor.phase == "gate":
         pending = [p for p in svc.proposals(status="pending") if p.diagnosis_id == cursor.diagnosis_id]
         if pending and not evo.config.get("auto_approve"):
-            st.warning(f"Waiting for your decision on {len(pending)} proposal(s).", icon=":material/pending_actions:")
+            st.warning(f"Waiting for your decision on {views.plural(len(pending), 'proposal')}.", icon=":material/pending_actions:")
             ui.page_link("review", "Decide on the Review page", ":material/rate_review:")
     if outcome.stopped:
         st.caption(ui.md(outcome.stopped))

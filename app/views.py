@@ -23,6 +23,11 @@ UNFINISHED_RUN = ("pending", "running", "cancelled")
 ROLE_ORDER = ("investigator", "attributor", "proposer", "critic")
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """"1 proposal", "2 proposals" (a page said "2 proposal(s)" and "1 instances")."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 def short(ident: str | None, n: int = 8) -> str:
     return (ident or "")[:n]
 

@@ -27,7 +27,7 @@ with shown_errors():
     ui.recent_failures(svc, ["evolve"])
     evolutions = svc.evolutions()
     if not evolutions:
-        ui.empty_state("No evolution yet.", "Start one above; the embedded smollm2 model needs no key.")
+        ui.empty_state("No evolution yet.", "Start one above; the embedded models (Qwen2.5-Coder 0.5B and SmolLM2) need no key.")
     else:
         watch_tab, compare_tab = st.tabs(["Watch", "Compare strategies"])
         with watch_tab:
