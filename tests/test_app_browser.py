@@ -22,6 +22,7 @@ import re
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -33,6 +34,7 @@ from test_app_e2e import CHROMIUM, CHROMIUM_ARGS, app_url, settle, streamlit_app
 from test_app_pages import (World, open_service, register_models, second_proposal, stopped_runs,  # noqa: E402,F401
                             world, world_template)
 
+from ecdysis.records import RunRecord  # noqa: E402
 from ecdysis.service import RunRequest, Service  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -117,13 +119,25 @@ def _slow_harness(folder: Path, seconds: float) -> Path:
     return folder
 
 
-def test_run_detail_follows_a_running_batch(app: str, page: Page, world: World, tmp_path: Path) -> None:
+@contextmanager
+def run_outside_the_app(tmp_path: Path, limit: int,
+                        seconds: float) -> Iterator[tuple[Service, RunRecord, threading.Thread]]:
+    """A batch of `limit` instances, each `seconds` long, executed in this process (as a CLI run in
+    another terminal would be) while the app shows it."""
     svc = open_service()
-    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=12,
-                                    harness=str(_slow_harness(tmp_path / "slow", 2.0))))
+    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=limit,
+                                    harness=str(_slow_harness(tmp_path / "slow", seconds))))
     worker = threading.Thread(target=svc.execute_run, args=(run.id,), kwargs={"use_cache": False}, daemon=True)
     try:
         worker.start()
+        yield svc, run, worker
+    finally:
+        worker.join(60)
+        svc.store.close()  # type: ignore[attr-defined]
+
+
+def test_run_detail_follows_a_running_batch(app: str, page: Page, world: World, tmp_path: Path) -> None:
+    with run_outside_the_app(tmp_path, 12, 2.0) as (svc, run, worker):
         deadline = time.time() + 60
         while svc.get_run(run.id).status != "running" or not svc.results(run.id):
             assert time.time() < deadline, "the batch did not start"
@@ -155,9 +169,6 @@ def test_run_detail_follows_a_running_batch(app: str, page: Page, world: World, 
         no_traceback(page)
         tokens = page.locator('[data-testid="stMetric"]', has_text="tokens").inner_text()
         assert re.search(r"\d", tokens) and not tokens.strip().endswith("\n0")
-    finally:
-        worker.join(60)
-        svc.store.close()  # type: ignore[attr-defined]
 
 
 def test_the_runs_table_follows_a_run_started_elsewhere_without_a_reload(app: str, page: Page, world: World,
@@ -166,12 +177,7 @@ def test_the_runs_table_follows_a_run_started_elsewhere_without_a_reload(app: st
     demo's own row read "0/12" while its progress bar said 8 of 12. The table re-reads the store:
     a run started in another process appears, its scored count moves, and it ends at 6/6."""
     goto(page, app)
-    svc = open_service()
-    run = svc.create_run(RunRequest(suite="reasoning-mix", model="alpha", limit=6,
-                                    harness=str(_slow_harness(tmp_path / "slow", 1.5))))
-    worker = threading.Thread(target=svc.execute_run, args=(run.id,), kwargs={"use_cache": False}, daemon=True)
-    try:
-        worker.start()
+    with run_outside_the_app(tmp_path, 6, 1.5) as (svc, run, worker):
         row = page.locator('[data-testid="stDataFrame"]').first.locator("tbody tr", has_text=run.id)
         expect(row).to_have_count(1, timeout=20_000)  # the grid's readable table is not painted
         seen: set[int] = set()
@@ -185,9 +191,6 @@ def test_the_runs_table_follows_a_run_started_elsewhere_without_a_reload(app: st
         expect(row).to_contain_text("6/6", timeout=20_000)
         assert len(seen - {6}) >= 2, f"the row did not move while the run went on: {sorted(seen)}"
         no_traceback(page)
-    finally:
-        worker.join(60)
-        svc.store.close()  # type: ignore[attr-defined]
 
 
 def test_a_click_on_the_failure_map_opens_that_trajectory(app: str, page: Page, world: World) -> None:
