@@ -124,6 +124,7 @@ def evolution_curves(series: Sequence[tuple[str, str, Sequence[IterationRow], fl
     reads as a change from somewhere. The accuracy axis spans the data, not always 0–100 %."""
     fig = go.Figure()
     values: list[float] = [] if base is None else [base]
+    stars: list[tuple[str, str, float]] = []
     last_x = 0
     for i, (name, strategy, rows, test) in enumerate(series):
         color = STRATEGY_COLORS.get(strategy, PALETTE[(i + 2) % len(PALETTE)])
@@ -140,15 +141,21 @@ def evolution_curves(series: Sequence[tuple[str, str, Sequence[IterationRow], fl
         values += [float(v) for v in [*ys, *train] if isinstance(v, (int, float))]
         last_x = max([last_x, *xs])
         if test is not None:
-            fig.add_scatter(x=[(max(xs) if xs else 0) + 1], y=[test], mode="markers+text", name=f"{name} test",
-                            marker={"symbol": "star", "size": 14, "color": color}, text=[f"{test:.0%}"],
-                            textposition="top center", cliponaxis=False)
+            stars.append((name, color, test))
             values.append(float(test))
+    # Every sealed-test star stands in one column after the last iteration, labelled "test": at the
+    # next iteration's number it read as one more iteration.
+    for name, color, test in stars:
+        fig.add_scatter(x=[last_x + 1], y=[test], mode="markers+text", name=f"{name} test",
+                        marker={"symbol": "star", "size": 14, "color": color}, text=[f"{test:.0%}"],
+                        textposition="top center", cliponaxis=False)
     low, high = (min(values), max(values)) if values else (0.0, 1.0)
     pad = max(0.05, (0.3 - (high - low)) / 2)
-    ticks = list(range(0 if base is not None else 1, last_x + 2))
-    fig.update_xaxes(title_text="iteration (0: the starting version; star: sealed test split, scored once)",
-                     tickvals=ticks, ticktext=["base" if t == 0 else str(t) for t in ticks],
+    first = 0 if base is not None else 1
+    ticks = list(range(first, max(first + 1, last_x + (2 if stars else 1))))  # no iteration yet: one tick
+    fig.update_xaxes(title_text="iteration (base: the starting version; test: the sealed test split, scored once)",
+                     tickvals=ticks,
+                     ticktext=["base" if t == 0 else "test" if t > last_x else str(t) for t in ticks],
                      range=[ticks[0] - 0.4, ticks[-1] + 0.4])
     fig.update_yaxes(title_text="accuracy", tickformat=".0%", range=[max(-0.02, low - pad), min(1.05, high + pad)])
     _layout(fig, height=height, title="Accuracy per iteration")

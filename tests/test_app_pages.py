@@ -637,6 +637,23 @@ def test_evolution_figures_say_what_the_numbers_say(svc: Service) -> None:
     assert cost["layout"]["margin"]["t"] >= 60, "room above the plots for the panel titles"
 
 
+def test_the_sealed_test_stars_stand_in_a_column_labelled_test() -> None:
+    """With one iteration the test star sat at the tick labelled "2", as if a second iteration had
+    run; with two evolutions of different lengths, the shorter one's star sat at an iteration of the
+    longer. Every star now stands after the last iteration, at a tick labelled "test"."""
+    from app.charts import evolution_curves
+    from ecdysis.evolution_log import IterationRow
+    one = [IterationRow(iteration=1, val_accuracy=0.4)]
+    three = [IterationRow(iteration=i, val_accuracy=0.3 + 0.05 * i) for i in (1, 2, 3)]
+    fig = evolution_curves([("A", "ecdysis", one, 0.45), ("B", "per-instance", three, 0.41)], base=0.3)
+    stars = [t for t in fig.data if t.name.endswith(" test")]
+    assert [list(t.x) for t in stars] == [[4], [4]]
+    axis = fig.layout.xaxis
+    assert list(axis.tickvals) == [0, 1, 2, 3, 4] and list(axis.ticktext) == ["base", "1", "2", "3", "test"]
+    alone = evolution_curves([("A", "ecdysis", one, None)], base=0.3).layout.xaxis
+    assert list(alone.ticktext) == ["base", "1"]  # no test scored: no test column
+
+
 def test_evolution_page_shows_the_pairs_screened_together(svc: Service) -> None:
     """A pair screened and not validated is on the page with its figures and why, its text shown
     as it is (a dataframe cell renders no markdown or HTML)."""
