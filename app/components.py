@@ -108,16 +108,12 @@ def _live_jobs(svc: Service, kinds: tuple[str, ...], key: str,
 def _slots_held_elsewhere() -> None:
     """Why a job may sit still: every generation on this machine takes turns at the cores, and
     another process (a CLI run, tests, a second app) may hold every turn for a while."""
-    import os
     import time
     from ecdysis.models import admission
     try:
-        held, slots = admission.holders(), len(list(admission.admission_dir().glob("slot-*.lock")))
+        others = admission.held_elsewhere()  # [] while a turn is free
     except OSError:
         return
-    others = [h for h in held if h.pid != os.getpid()]
-    if not others or len(held) < slots:
-        return  # a turn is free: nothing waits on another process
     for h in others:
         command = h.command if len(h.command) <= 80 else h.command[:79] + "…"
         st.caption(f"Waiting for a turn at the cores: another process is generating (pid {h.pid}"
@@ -178,16 +174,12 @@ def run_table(svc: Service, runs: Sequence[RunRecord], *, key: str) -> None:
     })
 
 
+@st.fragment(run_every=POLL_SECONDS)
 def live_run_table(svc: Service, *, key: str) -> None:
     """`run_table`, re-read every POLL_SECONDS while the page is open: a run started anywhere (the
     CLI, another app) appears and an unfinished run's numbers move as its results are stored. Only
     when a run stops running does the whole page rerun, so its buttons and pickers catch up: a rerun
     for every new run would fold away the form a reader is filling in."""
-    _live_run_table(svc, key)
-
-
-@st.fragment(run_every=POLL_SECONDS)
-def _live_run_table(svc: Service, key: str) -> None:
     runs = svc.runs()
     run_table(svc, runs, key=key)
     now = {r.id: r.status for r in runs}

@@ -48,9 +48,9 @@ def demo(svc: Service) -> None:
     last = next((j for j in svc.recent_jobs(limit=40) if j.kind == "demo" and j.status == "done"), None)
     if last is not None and last.result:
         timings = last.result.get("timings", {})
+        proposals = int(last.result.get("proposals", 0))
         st.success("Last demo: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items())
-                   + f"; {views.plural(int(last.result.get('proposals', 0)), 'proposal')} "
-                   + f"{'waits' if last.result.get('proposals', 0) == 1 else 'wait'} for review.",
+                   + f"; {views.plural(proposals, 'proposal')} {'waits' if proposals == 1 else 'wait'} for review.",
                    icon=":material/check_circle:")
         left, right = st.columns(2)
         with left:

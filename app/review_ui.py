@@ -216,7 +216,7 @@ def evaluate_offer(svc: Service, p: ProposalRecord, version_id: str, parent_id: 
                     if harness:
                         run_id = svc.job(svc.start_run_job(RunRequest(
                             suite=suite, model=model, harness=harness, split="validation", limit=int(size),
-                            label=f"evaluate {tag} of {p.id}"))).params["run_id"]
+                            label=views.evaluation_label(tag, p.id)))).params["run_id"]
                         started.setdefault(tag, run_id)
             # The Runs page's comparison opens on the parent (A) against the applied version (B).
             remember("compare_a", started.get("parent"))

@@ -406,13 +406,18 @@ def proposal_label(p: ProposalRecord, titles: Mapping[str, str] | None = None,
             + (f" · same change as {twin.id} ({twin.status})" if twin else ""))
 
 
+def evaluation_label(tag: str, proposal_id: str) -> str:
+    """The label of a run the Review page starts to evaluate an applied proposal (tag: parent | applied)."""
+    return f"evaluate {tag} of {proposal_id}"
+
+
 def evaluations_of(proposal_id: str, runs: Iterable[RunRecord]) -> dict[str, RunRecord]:
     """The newest evaluation the Review page started for an applied proposal, as {"parent": run,
     "applied": run} (one model's pair: the first model in name order), or {} when none was."""
     pairs: dict[str, dict[str, RunRecord]] = {}
     for run in sorted(runs, key=lambda r: r.created_at):
         for tag in ("parent", "applied"):
-            if run.label == f"evaluate {tag} of {proposal_id}":
+            if run.label == evaluation_label(tag, proposal_id):
                 pairs.setdefault(run.model, {})[tag] = run
     complete = {model: pair for model, pair in pairs.items() if len(pair) == 2}
     return complete[min(complete)] if complete else {}
@@ -761,7 +766,7 @@ def validation_scores(harnesses: Iterable[HarnessVersion], runs: Iterable[RunRec
         pooled = [r for (v, s, _), r in newest.items() if v == version and s == suite]
         n = sum(int(r.summary["n"]) for r in pooled)
         right = sum(round(float(r.summary["accuracy"]) * int(r.summary["n"])) for r in pooled)  # whole instances
-        scores[version] = ValScore(round(right / n, 4), f"{suite} · {len(pooled)} model{'' if len(pooled) == 1 else 's'}")
+        scores[version] = ValScore(round(right / n, 4), f"{suite} · {plural(len(pooled), 'model')}")
     for h in harnesses:
         if h.id not in scores and h.measured.val_accuracy is not None:
             scores[h.id] = ValScore(h.measured.val_accuracy, "its evolution's gate")

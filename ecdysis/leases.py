@@ -33,13 +33,17 @@ def diagnosis_key(run_ids: list[str]) -> str:
 def owner_name(role: str = "") -> str:
     """Who holds a lease, as the refusal names it: the process, the machine, and a token so that
     two threads of one process (the app's job manager) are two owners."""
-    return f"pid {os.getpid()} on {socket.gethostname()}{' (' + role + ')' if role else ''} #{uuid.uuid4().hex[:6]}"
+    return f"{_this_process()}{' (' + role + ')' if role else ''} #{uuid.uuid4().hex[:6]}"
+
+
+def _this_process() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()}"
 
 
 def held_here(owner: str) -> bool:
     """Whether a lease's owner (as `owner_name` wrote it) is this process: the app's own jobs hold
     their runs under it, and a page must not call its own work "running elsewhere"."""
-    here = f"pid {os.getpid()} on {socket.gethostname()}"
+    here = _this_process()
     return owner == here or owner.startswith(here + " ")
 
 

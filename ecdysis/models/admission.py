@@ -144,6 +144,15 @@ def holders() -> list[Holder]:
     return found
 
 
+def held_elsewhere() -> list[Holder]:
+    """The other processes holding a slot when every slot is held (a generation of this process
+    would wait for them), else []."""
+    held = holders()
+    slots = len(list(admission_dir().glob("slot-*.lock")))
+    others = [h for h in held if h.pid != os.getpid()]
+    return others if others and len(held) >= slots else []
+
+
 def _command(pid: int) -> str:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
